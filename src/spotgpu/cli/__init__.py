@@ -1,0 +1,96 @@
+"""The ``spotgpu`` command line: one program, one subcommand per job.
+
+Each subcommand lives in its own module (``spotgpu.cli.<name>`` or a module named in
+:data:`COMMANDS`) that defines ``add_arguments(parser)`` and ``run(args) -> int``. Only the
+chosen subcommand's module is imported, so ``spotgpu --help`` and quick commands stay fast and
+a subcommand's heavy dependencies (gRPC, matplotlib, the Kubernetes client) load only when used.
+
+Side effects: whatever the chosen subcommand does; this module only parses arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, cast
+
+from spotgpu import __version__
+
+
+class CommandModule(Protocol):
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    module: str
+    help: str
+
+
+COMMANDS: dict[str, Command] = {
+    "simulate": Command("spotgpu.cli.simulate", "replay cluster traces: what would lending idle GPUs win and cost"),
+    "agent": Command("spotgpu.cli.agent", "run the node agent (device plugin, detection, lending, guard)"),
+    "scheduler": Command("spotgpu.cli.scheduler", "run the gang scheduler with the spot plugin against a cluster"),
+    "status": Command("spotgpu.cli.status", "show nodes (GPUs, lent, owners) and queues of a cluster"),
+    "gangjob": Command("spotgpu.cli.gangjob", "submit and inspect GangJobs"),
+    "bench": Command("spotgpu.cli.bench", "run a benchmark and print its figures as JSON"),
+    "node-e2e": Command("spotgpu.cli.node_e2e", "run the full lend/return cycle on this machine (root)"),
+    "guard-holder": Command("spotgpu.cli.guard_holder", "run the guard's notify-fd holder process"),
+}
+
+
+def _load(name: str) -> CommandModule:
+    return cast(CommandModule, importlib.import_module(COMMANDS[name].module))
+
+
+def build_parser(load: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only the subcommand ``load`` gets its own arguments (and module import)."""
+    parser = argparse.ArgumentParser(
+        prog="spotgpu",
+        description="Lend idle reserved GPUs to spot jobs on Kubernetes; take them back before the owner notices.",
+    )
+    parser.add_argument("--version", action="version", version=f"spotgpu {__version__}")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log verbosity on stderr (default: INFO)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, command in COMMANDS.items():
+        sp = sub.add_parser(name, help=command.help, description=command.help)
+        if name == load:
+            module = _load(name)
+            module.add_arguments(sp)
+            sp.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in args_list if a in COMMANDS), None)
+    try:
+        parser = build_parser(load=chosen)
+    except ImportError as exc:  # a subcommand whose optional dependency is missing
+        print(f"spotgpu {chosen}: cannot load: {exc}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(args_list)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    run = cast(Callable[[argparse.Namespace], int], args._run)
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+__all__ = ["COMMANDS", "Command", "build_parser", "main"]

@@ -1,0 +1,296 @@
+"""Typed configuration: a small loader from YAML/JSON mappings into frozen dataclasses.
+
+Pure apart from :func:`load_yaml_file`, which reads one file. Any frozen dataclass can be
+loaded with :func:`from_mapping`; YAML keys are the camelCase spelling of the field names
+(``max_inactive_time`` <-> ``maxInactiveTime``). Supported field types: ``str``, ``int``,
+``float``, ``bool``, :class:`pathlib.Path`, :data:`Seconds` (``"10s"``, ``"5m"``, ``"1h30m"``,
+``"250ms"`` or a number of seconds), ``StrEnum`` subclasses, ``Literal[...]``, nested
+dataclasses, ``tuple[X, ...]``, ``dict[str, X]`` and ``X | None``.
+
+Every error is a :class:`ConfigError` whose message starts with the full key path
+(``agent.guard.failOpenTimeout: ...``); unknown keys are errors too (with a suggestion), so a
+typo never silently falls back to a default.
+
+The node agent's configuration (:class:`AgentConfig`) lives here because the agent, the guard,
+spotgpu-runtime and the node end-to-end harness all read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import math
+import re
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final, Literal, NewType, TypeVar
+
+from spotgpu.core.errors import ValidationError
+from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, ResourceName, validate_resource_name
+
+Seconds = NewType("Seconds", float)
+"""A duration in seconds; in YAML a number or a Go-style duration string."""
+
+T = TypeVar("T")
+
+_DURATION_PART: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)")
+_UNIT_SECONDS: Final = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+class ConfigError(ValidationError):
+    """A configuration value is missing, unknown or malformed; the message names the key."""
+
+
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def parse_duration(value: object, key: str = "duration") -> Seconds:
+    """``"1h30m"``, ``"250ms"``, ``"10s"`` or a non-negative number of seconds."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a duration like '10s' or a number of seconds, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and value.strip():
+        text = value.strip()
+        pos, seconds = 0, 0.0
+        for match in _DURATION_PART.finditer(text):
+            if match.start() != pos:
+                break
+            seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+            pos = match.end()
+        if pos != len(text) or pos == 0:
+            try:
+                seconds = float(text)
+            except ValueError:
+                raise ConfigError(
+                    f"{key}: {value!r} is not a duration; use e.g. '30s', '5m', '1h30m', '250ms' or a number of seconds"
+                ) from None
+    else:
+        raise ConfigError(f"{key}: expected a duration like '10s' or a number of seconds, got {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"{key}: duration must be finite and not negative, got {value!r}")
+    return Seconds(seconds)
+
+
+def _convert(hint: Any, value: object, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        non_none = [a for a in args if a is not type(None)]
+        if len(non_none) == 1:
+            return _convert(non_none[0], value, key)
+        errors = []
+        for arg in non_none:
+            try:
+                return _convert(arg, value, key)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError("; ".join(errors))
+    if value is None:
+        raise ConfigError(f"{key}: must not be null")
+    if hint is Seconds:
+        return parse_duration(value, key)
+    if hint is ResourceName:
+        try:
+            return validate_resource_name(value)
+        except ValidationError as exc:
+            raise ConfigError(f"{key}: {exc}") from None
+    if origin is Literal:
+        allowed = typing.get_args(hint)
+        if value not in allowed:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, allowed))}")
+        return value
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}: expected a list, got {type(value).__name__}")
+        return tuple(_convert(args[0], item, f"{key}[{i}]") for i, item in enumerate(value))
+    if origin is dict:
+        kt, vt = typing.get_args(hint)
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
+        return {_convert(kt, k, f"{key}"): _convert(vt, v, f"{key}.{k}") for k, v in value.items()}
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
+        return from_mapping(hint, value, key)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(repr(m.value) for m in hint)}") from None
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    if hint is Path:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{key}: expected a path, got {value!r}")
+        return Path(value)
+    raise ConfigError(f"{key}: unsupported configuration type {hint!r}")  # a programming error
+
+
+def from_mapping(cls: type[T], data: Mapping[str, object], path: str = "") -> T:
+    """Build dataclass ``cls`` from ``data`` (camelCase keys), validating every value.
+
+    After conversion, the dataclass's own ``__post_init__`` may raise :class:`ConfigError` for
+    cross-field rules; such errors are re-raised with ``path`` prepended when they lack it.
+    """
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls!r} is not a dataclass")
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path or '<root>'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {camel(f.name): f for f in dataclasses.fields(cls) if f.init}
+    prefix = f"{path}." if path else ""
+    for key in data:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(sorted(fields))}"
+            raise ConfigError(f"{prefix}{key}: unknown key{hint}")
+    kwargs: dict[str, Any] = {}
+    for yaml_key, field in fields.items():
+        if yaml_key in data:
+            kwargs[field.name] = _convert(hints[field.name], data[yaml_key], prefix + yaml_key)
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{prefix}{yaml_key}: required key is missing")
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        msg = str(exc)
+        raise ConfigError(msg if not path or msg.startswith(path) else f"{path}: {msg}") from None
+
+
+def load_yaml_file(path: Path, cls: type[T], section: str | None = None) -> T:
+    """Read a YAML file and load ``cls`` from it (or from its top-level ``section``)."""
+    import yaml
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read configuration: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if data is None:
+        data = {}
+    if section is not None:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        data = data.get(section, {})
+        if data is None:
+            data = {}
+    return from_mapping(cls, data, section or "")
+
+
+# --- the node agent's configuration -----------------------------------------------------------
+
+
+class UtilizationSource(enum.StrEnum):
+    NVML = "nvml"
+    EXPORTER = "exporter"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExporterEndpoint:
+    """One vendor exporter to scrape (Prometheus text over HTTP)."""
+
+    vendor: str
+    url: str
+    timeout: Seconds = Seconds(2.0)
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"url: {self.url!r} must start with http:// or https://")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GuardConfig:
+    """The return guard (seccomp user notification) of the agent."""
+
+    enabled: bool = True
+    listener_path: Path = Path("/run/spotgpu/guard.sock")
+    """The ``listenerPath`` runc connects to; injected into owner specs by spotgpu-runtime."""
+    holder_path: Path = Path("/run/spotgpu/fd-holder.sock")
+    """Control socket of the fd holder that keeps notify fds across agent restarts."""
+    fail_open_timeout: Seconds = Seconds(5.0)
+    """A held owner call is released after this long even if eviction has not finished."""
+
+    def __post_init__(self) -> None:
+        if self.fail_open_timeout <= 0:
+            raise ConfigError("guard.failOpenTimeout: must be greater than zero")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """``spotgpu agent --config FILE`` (section ``agent``). Defaults suit a stock kubelet node."""
+
+    node_name: str = ""
+    """Kubernetes node name; empty means the ``NODE_NAME`` environment variable."""
+    detect_interval: Seconds = Seconds(10.0)
+    max_inactive_time: Seconds = Seconds(600.0)
+    utilization_source: UtilizationSource = UtilizationSource.NVML
+    exporters: tuple[ExporterEndpoint, ...] = ()
+    gpu_resource: ResourceName = NVIDIA_GPU_RESOURCE
+    spot_resource: ResourceName = SPOT_GPU_RESOURCE
+    device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    containerd_socket: Path = Path("/run/containerd/containerd.sock")
+    containerd_namespace: str = "k8s.io"
+    sigterm_grace: Seconds = Seconds(0.0)
+    """Seconds between SIGTERM and SIGKILL when evicting; 0 means SIGKILL at once."""
+    metrics_address: str = "0.0.0.0:9477"
+    runtime_socket: Path = Path("/run/spotgpu/agent.sock")
+    """Local service spotgpu-runtime asks for device resolution and guard state."""
+    guard: GuardConfig = dataclasses.field(default_factory=GuardConfig)
+
+    def __post_init__(self) -> None:
+        if self.detect_interval <= 0:
+            raise ConfigError("detectInterval: must be greater than zero")
+        if self.max_inactive_time < self.detect_interval:
+            raise ConfigError(
+                f"maxInactiveTime: {self.max_inactive_time:g}s is shorter than detectInterval "
+                f"{self.detect_interval:g}s; an owner could never be judged idle reliably"
+            )
+        if self.utilization_source is UtilizationSource.EXPORTER and not self.exporters:
+            raise ConfigError("exporters: utilizationSource is 'exporter' but no exporter endpoint is configured")
+        if self.gpu_resource == self.spot_resource:
+            raise ConfigError("spotResource: must differ from gpuResource")
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self.device_plugin_dir / "kubelet.sock"
+
+
+__all__ = [
+    "AgentConfig",
+    "ConfigError",
+    "ExporterEndpoint",
+    "GuardConfig",
+    "Seconds",
+    "UtilizationSource",
+    "camel",
+    "from_mapping",
+    "load_yaml_file",
+    "parse_duration",
+]

@@ -1,0 +1,149 @@
+"""Device IDs, resource names and the real <-> spot twin ID conversion.
+
+Pure validation; no side effects. Every real GPU ``GPU-x`` of a vendor resource (for example
+``nvidia.com/gpu``) has exactly one twin ``spot-GPU-x`` of resource ``platform/spot-gpu``
+served by the agent's device plugin.
+
+Rules enforced here (the kubelet's and ours):
+
+* A device ID is 1..63 characters (kubelet's ``Device.ID`` limit), starts with an ASCII letter
+  or digit and contains only ASCII letters, digits, ``-``, ``_``, ``.`` and ``:`` (``:`` for
+  NVIDIA's time-slicing replicas ``<uuid>::<n>``). ``/`` and whitespace are refused: IDs end
+  up in annotation JSON, environment variables and file names.
+* A twin ID is ``spot-`` + the real ID and must itself fit in 63 characters, so a real ID
+  longer than 58 characters cannot be lent: :class:`TwinIDTooLong`, never a silent truncation.
+* A resource name must be a Kubernetes *extended resource name*: it contains ``/``, is not in
+  the ``kubernetes.io/`` domain, does not start with ``requests.``, and ``requests.<name>`` is
+  a qualified name.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final, NewType
+
+from spotgpu.core.errors import ValidationError
+
+DeviceID = NewType("DeviceID", str)
+"""A device ID as a device plugin reports it (a real GPU's or a twin's)."""
+
+ResourceName = NewType("ResourceName", str)
+"""An extended resource name such as ``nvidia.com/gpu``."""
+
+NodeName = NewType("NodeName", str)
+"""A Kubernetes node name."""
+
+MAX_DEVICE_ID_LEN: Final = 63
+SPOT_PREFIX: Final = "spot-"
+SPOT_GPU_RESOURCE: Final = ResourceName("platform/spot-gpu")
+NVIDIA_GPU_RESOURCE: Final = ResourceName("nvidia.com/gpu")
+
+_DEVICE_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
+_QUALIFIED_NAME_RE: Final = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_DNS1123_SUBDOMAIN_RE: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+class DeviceIDError(ValidationError):
+    """A device ID is empty, too long or contains a character we do not allow."""
+
+
+class TwinIDTooLong(DeviceIDError):
+    """``spot-`` + the real ID would exceed the kubelet's 63-character limit."""
+
+
+class NotASpotID(DeviceIDError):
+    """A twin ID was expected but the ID lacks the ``spot-`` prefix."""
+
+
+class ResourceNameError(ValidationError):
+    """A resource name is not a valid Kubernetes extended resource name."""
+
+
+def validate_device_id(value: object) -> DeviceID:
+    """Return ``value`` as a :data:`DeviceID`, or raise :class:`DeviceIDError` naming the problem."""
+    if not isinstance(value, str):
+        raise DeviceIDError(f"device ID must be a string, got {type(value).__name__} {value!r}")
+    if not value:
+        raise DeviceIDError("device ID must not be empty")
+    if len(value) > MAX_DEVICE_ID_LEN:
+        raise DeviceIDError(
+            f"device ID {value[:70]!r} is {len(value)} characters; the kubelet allows at most {MAX_DEVICE_ID_LEN}"
+        )
+    if _DEVICE_ID_RE.fullmatch(value) is None:
+        bad = next((c for c in value if not (c.isascii() and (c.isalnum() or c in "._:-"))), value[0])
+        raise DeviceIDError(
+            f"device ID {value!r} has character {bad!r} at position {value.index(bad)}; allowed are ASCII "
+            "letters, digits, '-', '_', '.', ':' and the first character must be a letter or digit"
+        )
+    return DeviceID(value)
+
+
+def is_spot_id(device_id: str) -> bool:
+    """True when ``device_id`` is spelled like a twin (``spot-...``)."""
+    return device_id.startswith(SPOT_PREFIX) and len(device_id) > len(SPOT_PREFIX)
+
+
+def to_spot_id(real_id: str) -> DeviceID:
+    """``GPU-x`` -> ``spot-GPU-x``. Raises :class:`TwinIDTooLong` instead of truncating."""
+    real = validate_device_id(real_id)
+    if is_spot_id(real):
+        raise DeviceIDError(f"device ID {real!r} is already a twin ID; twins of twins do not exist")
+    twin = SPOT_PREFIX + real
+    if len(twin) > MAX_DEVICE_ID_LEN:
+        raise TwinIDTooLong(
+            f"twin of device {real!r} would be {len(twin)} characters ({SPOT_PREFIX!r} + {len(real)}); "
+            f"the kubelet allows at most {MAX_DEVICE_ID_LEN}, so real IDs longer than "
+            f"{MAX_DEVICE_ID_LEN - len(SPOT_PREFIX)} characters cannot be lent"
+        )
+    return DeviceID(twin)
+
+
+def from_spot_id(spot_id: str) -> DeviceID:
+    """``spot-GPU-x`` -> ``GPU-x``. Raises :class:`NotASpotID` when the prefix is missing."""
+    twin = validate_device_id(spot_id)
+    if not is_spot_id(twin):
+        raise NotASpotID(f"device ID {twin!r} is not a twin ID: it must start with {SPOT_PREFIX!r}")
+    return validate_device_id(twin[len(SPOT_PREFIX) :])
+
+
+def validate_resource_name(value: object) -> ResourceName:
+    """Return ``value`` as a :data:`ResourceName` if it is a Kubernetes extended resource name."""
+    if not isinstance(value, str):
+        raise ResourceNameError(f"resource name must be a string, got {type(value).__name__} {value!r}")
+    if "/" not in value:
+        raise ResourceNameError(f"resource name {value!r} must have a domain prefix, like 'nvidia.com/gpu'")
+    if "kubernetes.io/" in value:
+        raise ResourceNameError(f"resource name {value!r} is in the kubernetes.io domain, which is reserved")
+    if value.startswith("requests."):
+        raise ResourceNameError(f"resource name {value!r} must not start with 'requests.'")
+    prefix, _, name = ("requests." + value).partition("/")
+    if len(prefix) > 253 or _DNS1123_SUBDOMAIN_RE.fullmatch(prefix) is None:
+        raise ResourceNameError(
+            f"resource name {value!r}: domain {prefix.removeprefix('requests.')!r} is not a lowercase DNS subdomain"
+        )
+    if len(name) > 63 or _QUALIFIED_NAME_RE.fullmatch(name) is None:
+        raise ResourceNameError(
+            f"resource name {value!r}: name part {name!r} must be 1-63 characters of letters, digits, '-', '_', '.',"
+            " starting and ending with a letter or digit"
+        )
+    return ResourceName(value)
+
+
+__all__ = [
+    "MAX_DEVICE_ID_LEN",
+    "NVIDIA_GPU_RESOURCE",
+    "SPOT_GPU_RESOURCE",
+    "SPOT_PREFIX",
+    "DeviceID",
+    "DeviceIDError",
+    "NodeName",
+    "NotASpotID",
+    "ResourceName",
+    "ResourceNameError",
+    "TwinIDTooLong",
+    "from_spot_id",
+    "is_spot_id",
+    "to_spot_id",
+    "validate_device_id",
+    "validate_resource_name",
+]

@@ -1,0 +1,89 @@
+"""Every annotation key, label name and well-known name spotgpu reads or writes.
+
+Constants only; no side effects. Keep them here, in one place, so that the scheduler, the
+agent, the runtime and the Kubernetes adapters can never disagree on a spelling. Keys in the
+``platform.k8s.io`` domain and the resource ``platform/spot-gpu`` keep the original design's
+names (shared/seed) so clusters running that design can migrate; everything new to spotgpu
+lives under ``spotgpu.io``.
+
+Value formats are defined next to the code that parses them and are cross-referenced here.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- device sync (spot container <- source container) -------------------------------------
+DEVICES_FROM_PREFIX: Final = "platform.k8s.io/container-devices-from"
+"""Device-sync annotation. Without a suffix (as the agent's Allocate returns it, so the
+kubelet puts it on exactly the requesting container) it applies to the container whose spec
+carries it. With ``.<container>`` (set at pod level) it applies only to the container of that
+name. Value: see :mod:`spotgpu.core.codec`."""
+
+SYNCED_DEVICES: Final = "platform.k8s.io/synced-devices"
+"""Written by spotgpu-runtime into the spec it modified: ``{"<resource>": ["<id>", ...]}``."""
+
+DEVICE_OWNER: Final = "platform.k8s.io/device-owner"
+"""On a spot pod, written by the scheduler: ``{"<real device id>": "ns/pod/container"}``."""
+
+POD_DEVICE_TYPE: Final = "platform.k8s.io/pod-device-type"
+"""``shadow`` (placeholder holding real GPUs) or ``share`` (inference sharing)."""
+
+CONTAINER_ENV_PREFIX: Final = "platform.k8s.io/container-env"
+"""Generic env annotation: ``{"NAME": "value"}``; suffix rules as for DEVICES_FROM_PREFIX."""
+
+# --- node annotations -----------------------------------------------------------------------
+NODE_LOWPOWER_SPOT: Final = "platform.k8s.io/lowpower-spot"
+"""``"true"`` when the node may lend *allocated* idle GPUs (share-GPU); default ``"false"``."""
+
+NODE_SPOT_PREFER: Final = "platform.k8s.io/spot-prefer"
+"""Node strategy: ``idle`` (unallocated GPUs, exclusive first) or ``lowpower`` (lent GPUs, shared first)."""
+
+NODE_SPOT_GPU_STATE: Final = "spotgpu.io/spot-gpu-state"
+"""Written by the agent: per real device, its owner, owner state and twin health (JSON)."""
+
+# --- gangs, queues, jobs --------------------------------------------------------------------
+API_GROUP: Final = "scheduling.spotgpu.io"
+POD_GROUP: Final = "scheduling.spotgpu.io/pod-group"
+"""Label on every gang member: the PodGroup name (same namespace)."""
+QUEUE: Final = "scheduling.spotgpu.io/queue"
+GANG_JOB: Final = "scheduling.spotgpu.io/gang-job"
+SHADOW_FOR: Final = "scheduling.spotgpu.io/shadow-for"
+"""Label on a ShadowPod: the PodGroup (``ns/name``) whose spot pods it lends real GPUs to."""
+SCHEDULER_NAME: Final = "spotgpu"
+
+# --- return guard -----------------------------------------------------------------------------
+GUARD: Final = "spotgpu.io/return-guard"
+"""On an owner pod: ``disabled`` opts the pod out of the guard's seccomp rule."""
+GUARDED: Final = "spotgpu.io/guarded"
+"""Written by spotgpu-runtime into an owner's spec when it injected the guard rule."""
+
+# --- eviction ---------------------------------------------------------------------------------
+DISRUPTION_CONDITION: Final = "DisruptionTarget"
+"""Pod condition type set on evicted pods (reason: an :class:`~spotgpu.core.types.EvictionReason`)."""
+
+# --- CRI (containerd) annotations in OCI specs, read only --------------------------------------
+CRI_CONTAINER_TYPE: Final = "io.kubernetes.cri.container-type"
+CRI_SANDBOX_ID: Final = "io.kubernetes.cri.sandbox-id"
+CRI_SANDBOX_NAME: Final = "io.kubernetes.cri.sandbox-name"
+CRI_SANDBOX_NAMESPACE: Final = "io.kubernetes.cri.sandbox-namespace"
+CRI_SANDBOX_UID: Final = "io.kubernetes.cri.sandbox-uid"
+CRI_CONTAINER_NAME: Final = "io.kubernetes.cri.container-name"
+CRI_IMAGE_NAME: Final = "io.kubernetes.cri.image-name"
+CRI_TYPE_SANDBOX: Final = "sandbox"
+CRI_TYPE_CONTAINER: Final = "container"
+
+# --- CRI-O annotations (secondary sources; see protocols.md 3.3) -------------------------------
+CRIO_CONTAINER_TYPE: Final = "io.kubernetes.cri-o.ContainerType"
+CRIO_CONTAINER_NAME: Final = "io.kubernetes.cri-o.ContainerName"
+CRIO_SANDBOX_ID: Final = "io.kubernetes.cri-o.SandboxID"
+
+# --- CRI labels on containerd containers, and on CRI-O specs ------------------------------------
+LABEL_POD_NAME: Final = "io.kubernetes.pod.name"
+LABEL_POD_NAMESPACE: Final = "io.kubernetes.pod.namespace"
+LABEL_POD_UID: Final = "io.kubernetes.pod.uid"
+LABEL_CONTAINER_NAME: Final = "io.kubernetes.container.name"
+LABEL_CRI_KIND: Final = "io.cri-containerd.kind"
+
+CONTAINERD_K8S_NAMESPACE: Final = "k8s.io"
+CONTAINERD_NAMESPACE_HEADER: Final = "containerd-namespace"

@@ -1,0 +1,1 @@
+"""Kubernetes integration: client layer, control loops, CRDs and the operator CLI."""

@@ -1,0 +1,1 @@
+"""spotgpu-runtime: the OCI runtime wrapper between containerd's runc shim and runc."""

@@ -1,0 +1,1 @@
+"""Gang scheduling over queues with the spot plugin: a pure decision core (snapshot in, decisions out)."""
