@@ -101,6 +101,8 @@ def to_spot_id(real_id: str) -> DeviceID:
 def from_spot_id(spot_id: str) -> DeviceID:
     """``spot-GPU-x`` -> ``GPU-x``. Raises :class:`NotASpotID` when the prefix is missing."""
     twin = validate_device_id(spot_id)
+    if twin == SPOT_PREFIX:
+        raise NotASpotID(f"twin ID {twin!r} names no real device after the {SPOT_PREFIX!r} prefix")
     if not is_spot_id(twin):
         raise NotASpotID(f"device ID {twin!r} is not a twin ID: it must start with {SPOT_PREFIX!r}")
     return validate_device_id(twin[len(SPOT_PREFIX) :])

@@ -1,0 +1,122 @@
+"""The agent's ports: the narrow interfaces through which its decisions reach the world.
+
+Protocols and plain data only; no side effects here. Implementations live at the edges:
+
+* :class:`KubePort`: the Kubernetes API (real adapter in :mod:`spotgpu.kube`, an in-memory
+  fake in tests, the HTTP API double in the node end-to-end harness).
+* :class:`GuardPort`: the return guard (:mod:`spotgpu.guard`), armed while an owner's GPUs
+  are lent; it calls the agent's :data:`OwnerBackHandler` when it catches the owner.
+
+Contract for every port method: idempotent where the docstring says so, raises
+:class:`~spotgpu.core.errors.TemporaryError` for failures worth retrying (connection refused,
+timeouts, 409/429/5xx) and :class:`~spotgpu.core.errors.PermanentError` otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from spotgpu.core.ids import NodeName
+from spotgpu.core.refs import ContainerRef, PodRef
+from spotgpu.core.types import EvictionReason
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerInfo:
+    """One container of a pod as the API reports it."""
+
+    name: str
+    container_id: str | None
+    """The runtime's ID without the ``containerd://`` scheme; None before it started."""
+    requests: Mapping[str, int] = field(default_factory=dict)
+    """Extended-resource requests (e.g. ``{"nvidia.com/gpu": 2}``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """The parts of a pod the agent needs."""
+
+    ref: PodRef
+    uid: str
+    node: NodeName | None
+    phase: str
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    containers: tuple[ContainerInfo, ...] = ()
+    deleting: bool = False
+    """A deletion timestamp is set."""
+
+
+class PodEventType(StrEnum):
+    ADDED = "ADDED"
+    MODIFIED = "MODIFIED"
+    DELETED = "DELETED"
+
+
+@dataclass(frozen=True, slots=True)
+class PodEvent:
+    type: PodEventType
+    pod: PodInfo
+
+
+class KubePort(Protocol):
+    """What the agent asks of the Kubernetes API."""
+
+    def patch_node_annotations(self, node: NodeName, annotations: Mapping[str, str | None]) -> None:
+        """Merge-patch the node's annotations; ``None`` removes a key. Idempotent."""
+        ...
+
+    def delete_pod(self, pod: PodRef, *, reason: EvictionReason, message: str, grace_seconds: int = 0) -> None:
+        """Delete a pod, first marking it with a ``DisruptionTarget`` condition carrying ``reason``.
+
+        Idempotent: a pod that is already gone is success.
+        """
+        ...
+
+    def list_node_pods(self, node: NodeName) -> list[PodInfo]:
+        """Every pod bound to ``node``."""
+        ...
+
+    def watch_node_pods(self, node: NodeName, handler: Callable[[PodEvent], None], stop: Callable[[], bool]) -> None:
+        """Call ``handler`` for each pod change on ``node`` until ``stop()`` is true.
+
+        Blocks; relists and resumes by itself after expired watches or dropped connections.
+        """
+        ...
+
+
+OwnerBackHandler = Callable[[ContainerRef], None]
+"""Called by the guard, from its own thread, when an armed owner starts a GPU session."""
+
+
+class GuardPort(Protocol):
+    """The return guard as the agent's solver drives it."""
+
+    @property
+    def available(self) -> bool:
+        """Seccomp user notification works here (runc >= 1.1, libseccomp >= 2.5, kernel >= 5.5)."""
+        ...
+
+    def arm(self, owner: ContainerRef) -> None:
+        """The owner's GPUs are lent: hold its next GPU session and report it. Idempotent."""
+        ...
+
+    def disarm(self, owner: ContainerRef) -> None:
+        """The owner's GPUs are clean again: release any held call and stop holding. Idempotent."""
+        ...
+
+    def is_armed(self, owner: ContainerRef) -> bool: ...
+
+
+__all__ = [
+    "ContainerInfo",
+    "GuardPort",
+    "KubePort",
+    "OwnerBackHandler",
+    "PodEvent",
+    "PodEventType",
+    "PodInfo",
+]

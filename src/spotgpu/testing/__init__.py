@@ -1,0 +1,12 @@
+"""Test doubles and harness pieces shipped with spotgpu.
+
+Used by the test suite and by ``spotgpu node-e2e``, which runs the whole node side on one
+machine. Each double speaks the real wire format of the component it stands in for:
+
+* :mod:`~spotgpu.testing.containerd`: a private, real containerd instance and busybox root
+  filesystems / OCI bundles (not a double: the real daemon with private paths).
+* :mod:`~spotgpu.testing.kubelet`: the kubelet's side of the device plugin API (Registration,
+  then GetDevicePluginOptions, ListAndWatch and Allocate calls), the pod-resources API server,
+  and a vendor device plugin (NVIDIA-like) over real gRPC on unix sockets.
+* :mod:`~spotgpu.testing.kubeapi`: an HTTP Kubernetes API double.
+"""
