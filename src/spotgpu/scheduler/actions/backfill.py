@@ -1,0 +1,40 @@
+"""Backfill action: place the members of ready gangs beyond ``min_member``, one pod at a time.
+
+Pure decision code; it changes only the session. After every gang had its chance at its minimum
+(allocate, preempt), ready gangs (placed >= min_member) in gang order place their other pending
+pods wherever they fit; each pod is its own statement, so one that does not fit costs nothing.
+Backfilled pods never trigger preemption.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from spotgpu.scheduler.framework import ACTIONS, Session, Statement
+from spotgpu.scheduler.state import TaskShape
+
+NAME: Final = "backfill"
+
+
+class BackfillAction:
+    name = NAME
+
+    def execute(self, session: Session) -> None:
+        ready = [
+            j for j in session.state.jobs.values() if session.job_ready(j) and any(t.node is None for t in j.tasks)
+        ]
+        for job in session.sorted_jobs(ready):
+            failed: set[TaskShape] = set()
+            for task in job.pending():
+                if task.shape in failed or session.admit_problem(task) is not None:
+                    continue
+                found = session.find_node(task)
+                if isinstance(found, str):
+                    failed.add(task.shape)
+                    continue
+                stmt = Statement(session)
+                stmt.place(task, found)
+                stmt.commit()
+
+
+ACTIONS.register(NAME, BackfillAction)

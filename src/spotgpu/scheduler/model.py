@@ -1,0 +1,676 @@
+"""The scheduler's public data model: the cluster snapshot it reads and the decisions it returns.
+
+Pure data; no side effects. Everything here is a frozen, slotted dataclass. Objects check their
+own fields when they are constructed (a negative request, an unknown spot priority, a malformed
+name raise :class:`SnapshotError` naming the object), and :func:`spotgpu.scheduler.run_cycle`
+checks the snapshot as a whole (a device owned twice, a pod on an unknown node) before it
+decides anything. See docs/scheduler.md for how to build a snapshot and apply decisions.
+
+Conventions:
+
+* Device IDs are always the *real* GPU IDs (``GPU-x``), also for spot pods, whose kubelet
+  devices are the twins ``spot-GPU-x`` (:meth:`Bind.twin_ids` converts).
+* Times are seconds since the Unix epoch, as floats (``now`` of a cycle, pod start times).
+* GPU amounts in queue capacities and usage are GPU milli (``core.types.GPU_MILLI`` = 1 GPU).
+* A snapshot is cheap to rebuild: unchanged :class:`Node`, :class:`Pod` and :class:`PodGroup`
+  objects can be reused from one snapshot to the next (``dataclasses.replace`` the changed ones).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final
+
+from spotgpu.core import keys
+from spotgpu.core.errors import ValidationError
+from spotgpu.core.ids import (
+    NVIDIA_GPU_RESOURCE,
+    SPOT_GPU_RESOURCE,
+    DeviceID,
+    NodeName,
+    ResourceName,
+    to_spot_id,
+    validate_device_id,
+    validate_resource_name,
+)
+from spotgpu.core.refs import ContainerRef, PodRef, RefError
+from spotgpu.core.types import GPU_MILLI, EvictionReason, Health, NodeStrategy, PodDeviceType, QueueType, SpotPriority
+
+DEFAULT_CONTAINER: Final = "main"
+"""Container name used when a pod does not say which of its containers requests the GPUs."""
+
+
+class SnapshotError(ValidationError):
+    """The snapshot is malformed or contradicts itself; the message names the object.
+
+    Raised before any decision is made: a cycle that raises returns nothing at all.
+    """
+
+
+class SchedulerBug(Exception):
+    """An internal invariant broke during a cycle (a bug, never bad input). No decisions are returned."""
+
+
+# --------------------------------------------------------------------------------------------
+# Snapshot: the cluster as the scheduler sees it at the start of a cycle
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GPU:
+    """One real GPU of a node, with its twin ``spot-<id>``.
+
+    ``owner`` is the container the kubelet allocated the real GPU to (a reserved pod's container
+    or a ShadowPod's), or ``None`` when the GPU is unallocated. ``health`` is the real device's
+    health (from the vendor's device plugin); ``twin`` is the twin's health as the spotgpu agent
+    reports it: Healthy when the GPU is unallocated or its owner is idle (lendable), Unhealthy
+    when the owner is using it.
+    """
+
+    id: DeviceID
+    owner: ContainerRef | None = None
+    twin: Health = Health.HEALTHY
+    health: Health = Health.HEALTHY
+
+    def __post_init__(self) -> None:
+        try:
+            validate_device_id(self.id)
+            to_spot_id(self.id)
+        except ValidationError as exc:
+            raise SnapshotError(f"GPU {self.id!r}: {exc}") from None
+        if self.owner is not None:
+            if not isinstance(self.owner, ContainerRef):
+                raise SnapshotError(f"GPU {self.id}: owner must be a ContainerRef, got {type(self.owner).__name__}")
+            if self.owner.is_relative:
+                raise SnapshotError(f"GPU {self.id}: owner {self.owner} must name its namespace")
+        if not isinstance(self.twin, Health) or not isinstance(self.health, Health):
+            raise SnapshotError(f"GPU {self.id}: twin and health must be core.types.Health values")
+
+
+def parse_node_annotations(node: str, annotations: Mapping[str, str]) -> tuple[bool, NodeStrategy]:
+    """Read a node's lending settings: (lending allowed, strategy).
+
+    ``platform.k8s.io/lowpower-spot`` is ``"true"`` or ``"false"`` (default false: only
+    unallocated GPUs are lent, through ShadowPods). ``platform.k8s.io/spot-prefer`` is ``idle``
+    (default) or ``lowpower``. Anything else raises :class:`SnapshotError` naming node and key.
+    """
+    raw_lending = annotations.get(keys.NODE_LOWPOWER_SPOT, "false").strip().lower()
+    if raw_lending not in ("true", "false"):
+        raise SnapshotError(
+            f"node {node}: annotation {keys.NODE_LOWPOWER_SPOT}={annotations[keys.NODE_LOWPOWER_SPOT]!r}"
+            " must be 'true' or 'false'"
+        )
+    raw_strategy = annotations.get(keys.NODE_SPOT_PREFER, NodeStrategy.IDLE.value).strip().lower()
+    try:
+        strategy = NodeStrategy(raw_strategy)
+    except ValueError:
+        raise SnapshotError(
+            f"node {node}: annotation {keys.NODE_SPOT_PREFER}={annotations[keys.NODE_SPOT_PREFER]!r}"
+            f" must be one of {', '.join(s.value for s in NodeStrategy)}"
+        ) from None
+    return raw_lending == "true", strategy
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A GPU node: its real GPUs (in device-plugin order) and lending settings.
+
+    ``lending`` is the node annotation that allows lending *allocated* idle GPUs (unallocated
+    GPUs are always lendable through ShadowPods); ``strategy`` is ``idle`` (prefer unallocated
+    GPUs, exclusive spot first) or ``lowpower`` (prefer lent idle GPUs, shared spot first).
+    ``schedulable`` is false for cordoned or NotReady nodes: nothing new is placed there.
+    ``pool`` is a free-form node pool (e.g. the GPU model); a PodGroup with a pool only goes there.
+    """
+
+    name: NodeName
+    gpus: tuple[GPU, ...]
+    resource: ResourceName = NVIDIA_GPU_RESOURCE
+    lending: bool = False
+    strategy: NodeStrategy = NodeStrategy.IDLE
+    schedulable: bool = True
+    pool: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise SnapshotError(f"node name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.gpus, tuple):
+            raise SnapshotError(f"node {self.name}: gpus must be a tuple, got {type(self.gpus).__name__}")
+        try:
+            validate_resource_name(self.resource)
+        except ValidationError as exc:
+            raise SnapshotError(f"node {self.name}: {exc}") from None
+        if self.resource == SPOT_GPU_RESOURCE:
+            raise SnapshotError(
+                f"node {self.name}: its real GPU resource cannot be the twin resource {SPOT_GPU_RESOURCE}"
+            )
+        if not isinstance(self.strategy, NodeStrategy):
+            raise SnapshotError(f"node {self.name}: strategy {self.strategy!r} is not a NodeStrategy")
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    """A queue of PodGroups. ``type`` spot makes its tasks spot tasks (they use twins).
+
+    ``weight`` sets its fair share against queues of the same type; ``capacity_milli`` caps the
+    GPU milli its running and newly placed pods may hold (``None``: no cap).
+    """
+
+    name: str
+    type: QueueType = QueueType.RESERVED
+    weight: int = 1
+    capacity_milli: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise SnapshotError(f"queue name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.type, QueueType):
+            raise SnapshotError(f"queue {self.name}: type {self.type!r} is not a QueueType")
+        if isinstance(self.weight, bool) or not isinstance(self.weight, int) or self.weight < 1:
+            raise SnapshotError(f"queue {self.name}: weight must be an integer >= 1, got {self.weight!r}")
+        cap = self.capacity_milli
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
+            raise SnapshotError(f"queue {self.name}: capacity_milli must be None or an integer >= 0, got {cap!r}")
+
+
+class PodGroupPhase(StrEnum):
+    PENDING = "Pending"
+    """Waiting to be admitted (not enough members yet, queue over capacity) or requeued after eviction."""
+    INQUEUE = "Inqueue"
+    """Admitted: the scheduler tries to place it."""
+    RUNNING = "Running"
+    """At least ``min_member`` pods are placed."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodGroup:
+    """A gang: at least ``min_member`` of its pods are placed together, or none.
+
+    ``priority`` is the priority-class value of a reserved gang; a spot gang is ordered and
+    protected by ``spot_priority`` (spothigh 3000 > spotmid 2000 > spotlow 1000; default spotlow).
+    """
+
+    ref: PodRef
+    queue: str
+    min_member: int = 1
+    priority: int = 0
+    spot_priority: SpotPriority | None = None
+    phase: PodGroupPhase = PodGroupPhase.PENDING
+    created_at: float = 0.0
+    pool: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ref, PodRef) or self.ref.is_relative:
+            raise SnapshotError(f"PodGroup {self.ref}: ref must be a PodRef with a namespace")
+        if not isinstance(self.queue, str) or not self.queue:
+            raise SnapshotError(f"PodGroup {self.ref}: queue must be a non-empty string")
+        if isinstance(self.min_member, bool) or not isinstance(self.min_member, int) or self.min_member < 1:
+            raise SnapshotError(f"PodGroup {self.ref}: min_member must be an integer >= 1, got {self.min_member!r}")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise SnapshotError(f"PodGroup {self.ref}: priority must be an integer, got {self.priority!r}")
+        if self.spot_priority is not None and not isinstance(self.spot_priority, SpotPriority):
+            raise SnapshotError(f"PodGroup {self.ref}: spot_priority {self.spot_priority!r} is not a SpotPriority")
+        if not isinstance(self.phase, PodGroupPhase):
+            raise SnapshotError(f"PodGroup {self.ref}: phase {self.phase!r} is not a PodGroupPhase")
+
+
+@dataclass(frozen=True, slots=True)
+class GPURequest:
+    """What one pod asks for, in its GPU container.
+
+    Reserved pods ask for ``gpus`` whole real GPUs of ``resource`` (e.g. ``nvidia.com/gpu``).
+    Spot pods ask for ``platform/spot-gpu``: ``gpus`` whole twins (exclusive spot) or ``milli``
+    of one twin, 1..999 (shared spot). Use the constructors :meth:`reserved`, :meth:`spot` and
+    :meth:`shared`. Validity is checked by the :class:`Pod` that carries the request, so that
+    the error names the pod.
+    """
+
+    resource: ResourceName
+    gpus: int = 0
+    milli: int = 0
+
+    @classmethod
+    def reserved(cls, gpus: int, resource: ResourceName = NVIDIA_GPU_RESOURCE) -> GPURequest:
+        return cls(resource, gpus=gpus)
+
+    @classmethod
+    def spot(cls, gpus: int) -> GPURequest:
+        return cls(SPOT_GPU_RESOURCE, gpus=gpus)
+
+    @classmethod
+    def shared(cls, milli: int) -> GPURequest:
+        return cls(SPOT_GPU_RESOURCE, milli=milli)
+
+    @property
+    def is_spot(self) -> bool:
+        return self.resource == SPOT_GPU_RESOURCE
+
+    @property
+    def is_shared(self) -> bool:
+        return self.milli > 0
+
+    @property
+    def total_milli(self) -> int:
+        """The request in GPU milli (queue accounting)."""
+        return self.gpus * GPU_MILLI + self.milli
+
+    def problem(self) -> str | None:
+        """Why the request is invalid, or ``None``."""
+        for name in ("gpus", "milli"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"{name} must be an integer, got {value!r}"
+            if value < 0:
+                return f"{name} must not be negative, got {value}"
+        try:
+            validate_resource_name(self.resource)
+        except ValidationError as exc:
+            return str(exc)
+        if self.gpus and self.milli:
+            return f"asks for both {self.gpus} whole GPUs and {self.milli} milli; shared spot takes a part of one GPU"
+        if not self.gpus and not self.milli:
+            return "asks for no GPU; spotgpu schedules GPU pods only"
+        if self.milli and not self.is_spot:
+            return f"milli ({self.milli}) is only for shared spot pods ({SPOT_GPU_RESOURCE})"
+        if self.milli >= GPU_MILLI:
+            return f"milli must be below {GPU_MILLI} (one GPU), got {self.milli}; ask for whole GPUs instead"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Nomination:
+    """GPUs freed (or being freed) by preemption and kept for a pending pod."""
+
+    node: NodeName
+    devices: tuple[DeviceID, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.node, str) or not isinstance(self.devices, tuple):
+            raise SnapshotError(
+                f"nomination needs a node name and a tuple of devices, got {self.node!r}, {self.devices!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """A pod of a PodGroup (``group`` is the PodGroup's name in the pod's namespace).
+
+    Pending pods have ``node is None``. Placed pods (bound or running) have ``node`` and the
+    real ``devices`` they hold (reserved) or share through twins (spot; a shared spot pod has
+    one device and uses ``request.milli`` of it). ``start_time`` is when the pod started running
+    (for the running-duration victim weight; bind time is fine). ``evicting`` is true once the
+    pod is being deleted or evicted (deletionTimestamp or the DisruptionTarget condition):
+    its devices count as freed for preemption, but nothing new is bound to them until it is gone.
+    ``nominated`` is a pending pod's nomination from an earlier preemption.
+    """
+
+    ref: PodRef
+    group: str
+    request: GPURequest
+    container: str = DEFAULT_CONTAINER
+    node: NodeName | None = None
+    devices: tuple[DeviceID, ...] = ()
+    start_time: float | None = None
+    evicting: bool = False
+    nominated: Nomination | None = None
+    created_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ref, PodRef) or self.ref.is_relative:
+            raise SnapshotError(f"pod {self.ref}: ref must be a PodRef with a namespace")
+        if not isinstance(self.group, str) or not self.group:
+            raise SnapshotError(f"pod {self.ref}: group must name its PodGroup")
+        if not isinstance(self.request, GPURequest):
+            raise SnapshotError(f"pod {self.ref}: request must be a GPURequest, got {type(self.request).__name__}")
+        problem = self.request.problem()
+        if problem is not None:
+            raise SnapshotError(f"pod {self.ref}: request {problem}")
+        try:
+            ContainerRef(self.ref.namespace, self.ref.name, self.container)
+        except RefError as exc:
+            raise SnapshotError(f"pod {self.ref}: container {self.container!r}: {exc}") from None
+        if self.nominated is not None and not isinstance(self.nominated, Nomination):
+            raise SnapshotError(f"pod {self.ref}: nominated must be a Nomination, got {type(self.nominated).__name__}")
+        if not isinstance(self.devices, tuple):
+            raise SnapshotError(f"pod {self.ref}: devices must be a tuple, got {type(self.devices).__name__}")
+        if self.node is None:
+            if self.devices:
+                raise SnapshotError(f"pod {self.ref}: has devices {list(self.devices)} but no node")
+        else:
+            want = 1 if self.request.is_shared else self.request.gpus
+            if len(self.devices) != want:
+                raise SnapshotError(
+                    f"pod {self.ref}: placed on {self.node} with {len(self.devices)} devices {list(self.devices)}"
+                    f" but its request needs {want}"
+                )
+            if len(set(self.devices)) != len(self.devices):
+                raise SnapshotError(f"pod {self.ref}: lists a device twice: {list(self.devices)}")
+
+    @property
+    def placed(self) -> bool:
+        return self.node is not None
+
+    @property
+    def group_ref(self) -> PodRef:
+        return PodRef(self.ref.namespace, self.group)
+
+    @property
+    def container_ref(self) -> ContainerRef:
+        return ContainerRef(self.ref.namespace, self.ref.name, self.container)
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowPod:
+    """A placeholder pod holding unallocated real GPUs while spot pods use them.
+
+    The GPUs it holds have ``owner == ContainerRef(ns, name, container)`` in the snapshot.
+    ``group`` is the spot PodGroup it was created for (label ``scheduling.spotgpu.io/shadow-for``).
+    A ShadowPod without spot users is deleted by the scheduler after ``shadowGcGrace``.
+    """
+
+    ref: PodRef
+    node: NodeName
+    devices: tuple[DeviceID, ...]
+    container: str = DEFAULT_CONTAINER
+    group: PodRef | None = None
+    created_at: float = 0.0
+    deleting: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ref, PodRef) or self.ref.is_relative:
+            raise SnapshotError(f"ShadowPod {self.ref}: ref must be a PodRef with a namespace")
+        if not isinstance(self.devices, tuple) or not self.devices:
+            raise SnapshotError(f"ShadowPod {self.ref}: devices must be a non-empty tuple, got {self.devices!r}")
+        if self.group is not None and not isinstance(self.group, PodRef):
+            raise SnapshotError(f"ShadowPod {self.ref}: group must be a PodRef, got {type(self.group).__name__}")
+        if len(set(self.devices)) != len(self.devices):
+            raise SnapshotError(f"ShadowPod {self.ref}: lists a device twice: {list(self.devices)}")
+
+    @property
+    def container_ref(self) -> ContainerRef:
+        return ContainerRef(self.ref.namespace, self.ref.name, self.container)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything one cycle needs. Build with tuples; :meth:`of` accepts any iterables.
+
+    ``pods`` are the pods spotgpu schedules (members of PodGroups), pending or placed. Reserved
+    pods not scheduled by spotgpu (a developer machine started by the default scheduler) do not
+    appear here: they appear as the ``owner`` of the GPUs they hold.
+    """
+
+    nodes: tuple[Node, ...]
+    queues: tuple[Queue, ...]
+    groups: tuple[PodGroup, ...]
+    pods: tuple[Pod, ...]
+    shadows: tuple[ShadowPod, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        nodes: Iterable[Node],
+        queues: Iterable[Queue],
+        groups: Iterable[PodGroup] = (),
+        pods: Iterable[Pod] = (),
+        shadows: Iterable[ShadowPod] = (),
+    ) -> Snapshot:
+        return cls(tuple(nodes), tuple(queues), tuple(groups), tuple(pods), tuple(shadows))
+
+
+# --------------------------------------------------------------------------------------------
+# Decisions: what the cycle wants done. Adapters apply them; the simulator applies them to its model.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceOwner:
+    """The owner of one real device a spot pod uses: a reserved container or a ShadowPod's."""
+
+    device: DeviceID
+    owner: ContainerRef
+
+
+def _devices_json(resource: str, devices: Iterable[str]) -> str:
+    return json.dumps({resource: list(devices)}, separators=(",", ":"), sort_keys=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """Bind ``pod`` to ``node`` with exactly these real ``devices``.
+
+    For a reserved pod, ``resource`` is the real GPU resource and the kubelet must allocate
+    these devices. For a spot pod, ``resource`` is ``platform/spot-gpu``; the kubelet allocates
+    the twins (:meth:`twin_ids`) and ``owners`` names, per real device, the container the runtime
+    syncs it from (write it as the ``platform.k8s.io/device-owner`` annotation:
+    :meth:`annotations`). ``milli`` is the share of a shared spot pod (0 = whole GPUs).
+    """
+
+    pod: PodRef
+    group: PodRef
+    node: NodeName
+    resource: ResourceName
+    devices: tuple[DeviceID, ...]
+    container: str = DEFAULT_CONTAINER
+    milli: int = 0
+    owners: tuple[DeviceOwner, ...] = ()
+
+    @property
+    def spot(self) -> bool:
+        return self.resource == SPOT_GPU_RESOURCE
+
+    def twin_ids(self) -> tuple[DeviceID, ...]:
+        """The twins (``spot-<id>``) a spot pod gets from the kubelet."""
+        return tuple(to_spot_id(d) for d in self.devices)
+
+    def owner_map(self) -> dict[DeviceID, ContainerRef]:
+        return {o.device: o.owner for o in self.owners}
+
+    def annotations(self) -> dict[str, str]:
+        """Pod annotations to write before binding (device-owner for spot pods; assigned devices)."""
+        out = {keys.ASSIGNED_DEVICES: _devices_json(self.resource, self.twin_ids() if self.spot else self.devices)}
+        if self.owners:
+            out[keys.DEVICE_OWNER] = json.dumps(
+                {o.device: o.owner.format() for o in self.owners}, separators=(",", ":"), sort_keys=True
+            )
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class CreateShadowPod:
+    """Create a ShadowPod on ``node`` requesting exactly these unallocated real ``devices``.
+
+    It lives in the spot gang's namespace, runs a pause container named ``container`` and is
+    the device owner of its devices for the gang's spot pods. Apply it before the binds of the
+    same cycle that name it as owner.
+    """
+
+    pod: PodRef
+    node: NodeName
+    resource: ResourceName
+    devices: tuple[DeviceID, ...]
+    group: PodRef
+    container: str = DEFAULT_CONTAINER
+
+    @property
+    def container_ref(self) -> ContainerRef:
+        return ContainerRef(self.pod.namespace, self.pod.name, self.container)
+
+    def labels(self) -> dict[str, str]:
+        """The shadow-for label: the PodGroup's name (same namespace), when it fits a label value."""
+        return {keys.SHADOW_FOR: self.group.name} if len(self.group.name) <= 63 else {}
+
+    def annotations(self) -> dict[str, str]:
+        return {
+            keys.POD_DEVICE_TYPE: PodDeviceType.SHADOW.value,
+            keys.ASSIGNED_DEVICES: _devices_json(self.resource, self.devices),
+            keys.SHADOW_FOR: self.group.format(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteShadowPod:
+    """Delete a ShadowPod whose devices no spot pod uses any more (or that preemption frees)."""
+
+    pod: PodRef
+    node: NodeName
+    devices: tuple[DeviceID, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Evict:
+    """Evict ``pod`` (a member of spot gang ``group``; whole gangs are always evicted together).
+
+    ``preemptor`` is the reserved PodGroup the GPUs are freed for. Set the pod condition
+    ``DisruptionTarget`` with ``reason`` and ``message``, kill, delete.
+    """
+
+    pod: PodRef
+    group: PodRef
+    node: NodeName | None
+    devices: tuple[DeviceID, ...]
+    reason: EvictionReason
+    message: str
+    preemptor: PodRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Nominate:
+    """Keep ``devices`` on ``node`` for pending pod ``pod`` (preemption frees them for it)."""
+
+    pod: PodRef
+    group: PodRef
+    node: NodeName
+    devices: tuple[DeviceID, ...]
+
+    def annotations(self) -> dict[str, str]:
+        """The nominated-devices annotation (with ``status.nominatedNodeName`` = ``node``)."""
+        value = {"node": self.node, "devices": list(self.devices)}
+        return {keys.NOMINATED_DEVICES: json.dumps(value, separators=(",", ":"), sort_keys=True)}
+
+
+@dataclass(frozen=True, slots=True)
+class ClearNomination:
+    """Drop a pod's nomination (it no longer applies); ``reason`` says why."""
+
+    pod: PodRef
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodGroupStatus:
+    """Set a PodGroup's phase; ``reason``/``message`` go to its Scheduled/Unschedulable condition."""
+
+    group: PodRef
+    phase: PodGroupPhase
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Unschedulable:
+    """Why a gang that wanted to be placed in this cycle was not (or only nominated)."""
+
+    group: PodRef
+    reason: str
+
+
+Decision = Evict | DeleteShadowPod | ClearNomination | Nominate | CreateShadowPod | Bind | PodGroupStatus
+
+
+@dataclass(frozen=True, slots=True)
+class CycleStats:
+    """Counts of one cycle (no wall-clock figures: the core never reads a clock)."""
+
+    gangs_considered: int = 0
+    gangs_placed: int = 0
+    pods_placed: int = 0
+    gangs_preempting: int = 0
+    pods_evicted: int = 0
+    shadows_created: int = 0
+    shadows_deleted: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CycleResult:
+    """All decisions of one cycle, complete; each tuple is in a deterministic order.
+
+    :meth:`decisions` yields them in the order to apply: evictions, ShadowPod deletions,
+    nomination changes, ShadowPod creations, binds, PodGroup statuses.
+    """
+
+    evictions: tuple[Evict, ...] = ()
+    shadow_deletions: tuple[DeleteShadowPod, ...] = ()
+    cleared_nominations: tuple[ClearNomination, ...] = ()
+    nominations: tuple[Nominate, ...] = ()
+    shadow_creations: tuple[CreateShadowPod, ...] = ()
+    binds: tuple[Bind, ...] = ()
+    statuses: tuple[PodGroupStatus, ...] = ()
+    unschedulable: tuple[Unschedulable, ...] = ()
+    stats: CycleStats = field(default_factory=CycleStats)
+
+    def decisions(self) -> Iterator[Decision]:
+        yield from self.evictions
+        yield from self.shadow_deletions
+        yield from self.cleared_nominations
+        yield from self.nominations
+        yield from self.shadow_creations
+        yield from self.binds
+        yield from self.statuses
+
+    def reasons(self) -> dict[PodRef, str]:
+        """PodGroup -> why it was not placed in this cycle."""
+        return {u.group: u.reason for u in self.unschedulable}
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """The outcome of victim selection for one pending reserved gang.
+
+    When ``possible``: evicting the PodGroups ``victims`` (in policy order, whole gangs) frees
+    enough GPUs; ``evictions`` are the pods to evict, ``nominations`` the GPUs kept for the
+    preemptor's pods, ``waiting_on`` pods already being evicted whose GPUs were counted as
+    freed. Otherwise ``reason`` says why no victim set exists.
+    """
+
+    preemptor: PodRef
+    possible: bool
+    victims: tuple[PodRef, ...] = ()
+    evictions: tuple[Evict, ...] = ()
+    nominations: tuple[Nominate, ...] = ()
+    waiting_on: tuple[PodRef, ...] = ()
+    reason: str = ""
+
+
+__all__ = [
+    "DEFAULT_CONTAINER",
+    "GPU",
+    "Bind",
+    "ClearNomination",
+    "CreateShadowPod",
+    "CycleResult",
+    "CycleStats",
+    "Decision",
+    "DeleteShadowPod",
+    "DeviceOwner",
+    "Evict",
+    "GPURequest",
+    "Node",
+    "Nominate",
+    "Nomination",
+    "Pod",
+    "PodGroup",
+    "PodGroupPhase",
+    "PodGroupStatus",
+    "Preemption",
+    "Queue",
+    "SchedulerBug",
+    "ShadowPod",
+    "Snapshot",
+    "SnapshotError",
+    "Unschedulable",
+    "parse_node_annotations",
+]

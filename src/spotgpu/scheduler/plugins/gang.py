@@ -1,0 +1,41 @@
+"""Gang plugin: all or nothing, by ``min_member``.
+
+Pure decision code; no side effects. A Pending gang is admitted only when at least
+``min_member`` of its pods exist; a gang is ready (its statement may commit) only when at least
+``min_member`` of its pods are placed and not being evicted. A gang with pods still being evicted
+is not admitted again until they are gone (an evicted gang is torn down and requeued whole).
+Gangs that already wait on a nomination go first among equals, so GPUs freed for them are used
+before anything else is tried.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from spotgpu.scheduler.framework import PLUGINS, Session, SortKey
+from spotgpu.scheduler.state import JobState
+
+NAME: Final = "gang"
+
+
+class GangPlugin:
+    def __init__(self, session: Session) -> None:
+        del session
+
+    def enqueue_problem(self, job: JobState) -> str | None:
+        have, want = len(job.tasks), job.group.min_member
+        if have < want:
+            return f"gang has {have} of min_member {want} pods; waiting for the rest to be created"
+        evicting = sum(1 for t in job.tasks if t.evicting)
+        if evicting:
+            return f"{evicting} of its pods are still being evicted; waiting for the gang to be torn down"
+        return None
+
+    def job_ready(self, job: JobState) -> bool:
+        return job.ready >= job.group.min_member
+
+    def job_key(self, job: JobState) -> SortKey:
+        return (0 if any(t.nomination is not None for t in job.tasks) else 1,)
+
+
+PLUGINS.register(NAME, GangPlugin)
