@@ -49,7 +49,9 @@ POD_GROUP: Final = "scheduling.spotgpu.io/pod-group"
 QUEUE: Final = "scheduling.spotgpu.io/queue"
 GANG_JOB: Final = "scheduling.spotgpu.io/gang-job"
 SHADOW_FOR: Final = "scheduling.spotgpu.io/shadow-for"
-"""Label on a ShadowPod: the PodGroup (``ns/name``) whose spot pods it lends real GPUs to."""
+"""On a ShadowPod, the PodGroup whose spot pods it lends real GPUs to: as a label the group's
+name (label values cannot hold ``/``; omitted when longer than 63 characters), as an annotation
+the full ``ns/name``."""
 SCHEDULER_NAME: Final = "spotgpu"
 
 # --- return guard -----------------------------------------------------------------------------
@@ -87,3 +89,30 @@ LABEL_CRI_KIND: Final = "io.cri-containerd.kind"
 
 CONTAINERD_K8S_NAMESPACE: Final = "k8s.io"
 CONTAINERD_NAMESPACE_HEADER: Final = "containerd-namespace"
+
+# --- scheduler decisions (spotgpu.scheduler; applied by spotgpu.kube) ---------------------------
+ASSIGNED_DEVICES: Final = "spotgpu.io/assigned-devices"
+"""Written by the scheduler on a pod it binds and on a ShadowPod it creates: the exact devices it
+chose, ``{"<resource>": ["<id>", ...]}`` (twin IDs ``spot-...`` for spot pods, real IDs otherwise)."""
+
+NOMINATED_DEVICES: Final = "spotgpu.io/nominated-devices"
+"""On a pending preemptor pod: GPUs preemption frees for it, ``{"node": "<node>", "devices": ["<real id>", ...]}``."""
+
+SPOT_GPU_MILLI: Final = "spotgpu.io/spot-gpu-milli"
+"""On a shared spot pod: its share of one GPU in milli-GPU (1..999); absent for exclusive spot."""
+
+# --- GangJob controller (spotgpu.kube) ----------------------------------------------------------
+GANG_ATTEMPT: Final = "scheduling.spotgpu.io/attempt"
+"""Label on a GangJob's PodGroup and pods: which attempt (0, 1, ... after each requeue) they belong to."""
+
+# --- return guard: seccomp listener metadata (spotgpu.guard.rule) -------------------------------
+GUARD_METADATA_OWNER: Final = "spotgpu.io/owner"
+"""Key in the ``listenerMetadata`` string the guard's rule puts into an owner's seccomp config:
+``spotgpu.io/owner=<ns>/<pod>/<container>`` (whitespace-separated ``key=value`` pairs); runc hands
+it back with every notify fd, so the guard knows the owner without trusting annotations."""
+
+# --- spotgpu-runtime decisions (spotgpu.runtime) ------------------------------------------------
+GUARD_SKIPPED: Final = "spotgpu.io/guard-skipped"
+"""Written by spotgpu-runtime into a GPU owner's spec when it did *not* install the guard's rule:
+``<reason>: <detail>`` (reasons: ``opted-out``, ``guard-disabled``, ``guard-unavailable``,
+``listener-down``, ``conflict``, ``lookup-failed``). Absent on guarded owners and non-owners."""

@@ -1,0 +1,441 @@
+"""Translating the informer caches (API JSON) into the scheduler core's :class:`Snapshot`.
+
+Pure: JSON in, a snapshot plus the list of objects left out (and why) out; no I/O, no clock.
+No scheduling decision is taken here; this only says what the cluster *is*.
+
+Where each part comes from:
+
+* **Nodes**: every node whose agent publishes ``spotgpu.io/spot-gpu-state`` (nodes without a
+  spotgpu agent are not scheduled onto). From that annotation, per real GPU: the owner
+  container (``IdleSpace`` = unallocated) and the twin's health; the node's lending settings
+  from ``platform.k8s.io/lowpower-spot`` and ``platform.k8s.io/spot-prefer``; schedulable when
+  Ready and not cordoned; the pool from the node label named by ``pool_label``.
+* **Queues** and **PodGroups**: the CRDs. A spot PodGroup's ``priorityClassName`` is its spot
+  priority; a reserved one's priority is the value of its PriorityClass.
+* **Pods** (``schedulerName: spotgpu``, not finished): gang members carry the ``pod-group``
+  label; a pod without one gets a PodGroup of its own (``min_member=1``) in the queue its
+  ``queue`` label names (or the default queue). The GPU request is the container asking for
+  ``platform/spot-gpu`` or the real GPU resource; ``spotgpu.io/spot-gpu-milli`` makes it shared.
+  A placed pod's devices come from ``spotgpu.io/assigned-devices`` (twins for spot pods), or for
+  a reserved pod from the node state's owners.
+* **ShadowPods**: pods annotated ``pod-device-type: shadow``.
+
+Objects that are malformed, or whose PodGroup or queue is missing, are left out and reported in
+:attr:`SnapshotBuild.skipped`; one bad object never stops scheduling for everyone else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from spotgpu.core import keys
+from spotgpu.core.errors import ValidationError
+from spotgpu.core.ids import (
+    NVIDIA_GPU_RESOURCE,
+    SPOT_GPU_RESOURCE,
+    DeviceID,
+    NodeName,
+    ResourceName,
+    from_spot_id,
+    validate_device_id,
+)
+from spotgpu.core.mapping_cache import IDLE_SPACE
+from spotgpu.core.refs import ContainerRef, PodRef
+from spotgpu.core.types import Health, QueueType, SpotPriority
+from spotgpu.kube.objects import (
+    container_requests,
+    disruption,
+    is_deleting,
+    node_schedulable,
+    pod_phase,
+    pod_ref,
+    pod_start_time,
+)
+from spotgpu.kube.resources import ObjectError, PodGroupView, QueueView, name_of, namespace_of, parse_time
+from spotgpu.scheduler.model import (
+    GPU,
+    GPURequest,
+    Node,
+    Nomination,
+    Pod,
+    PodGroup,
+    PodGroupPhase,
+    Queue,
+    ShadowPod,
+    Snapshot,
+    parse_node_annotations,
+)
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TranslateConfig:
+    gpu_resource: ResourceName = NVIDIA_GPU_RESOURCE
+    """The real GPU resource of the nodes (the vendor device plugin's)."""
+    default_queue: str = "default"
+    """Queue of a spotgpu pod that names no PodGroup and no queue."""
+    pool_label: str = "spotgpu.io/pool"
+    """Node label whose value is the node's pool (empty when absent)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    kind: str
+    key: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotBuild:
+    snapshot: Snapshot
+    skipped: tuple[Skipped, ...] = ()
+    pod_objects: Mapping[PodRef, JSON] = field(default_factory=dict)
+    """The pod JSON behind every snapshot pod and ShadowPod (for applying decisions)."""
+
+
+def parse_node_state(node: str, text: str) -> dict[DeviceID, tuple[ContainerRef | None, Health]]:
+    """The agent's ``spotgpu.io/spot-gpu-state``: real device -> (owner or None, twin health)."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ObjectError(f"node {node}: annotation {keys.NODE_SPOT_GPU_STATE} is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ObjectError(f"node {node}: annotation {keys.NODE_SPOT_GPU_STATE} must be a JSON object")
+    out: dict[DeviceID, tuple[ContainerRef | None, Health]] = {}
+    for raw_id, entry in data.items():
+        where = f"node {node}: {keys.NODE_SPOT_GPU_STATE}[{raw_id!r}]"
+        try:
+            device = validate_device_id(raw_id)
+        except ValidationError as exc:
+            raise ObjectError(f"{where}: {exc}") from None
+        if not isinstance(entry, dict):
+            raise ObjectError(f"{where}: must be an object")
+        raw_owner = entry.get("owner")
+        owner: ContainerRef | None = None
+        if raw_owner not in (None, "", IDLE_SPACE.format()):
+            try:
+                owner = ContainerRef.parse(raw_owner)
+            except ValidationError as exc:
+                raise ObjectError(f"{where}: owner: {exc}") from None
+        try:
+            health = Health(entry.get("health", Health.UNHEALTHY.value))
+        except ValueError:
+            raise ObjectError(f"{where}: health {entry.get('health')!r} is not Healthy or Unhealthy") from None
+        out[device] = (owner, health)
+    return out
+
+
+def _assigned(obj: Mapping[str, Any], where: str) -> dict[str, list[str]]:
+    raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(keys.ASSIGNED_DEVICES)
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ObjectError(f"{where}: annotation {keys.ASSIGNED_DEVICES} is not JSON: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+        raise ObjectError(f"{where}: annotation {keys.ASSIGNED_DEVICES} must map a resource to a list of IDs")
+    return {str(k): [str(i) for i in v] for k, v in data.items()}
+
+
+def _gpu_container(obj: Mapping[str, Any], cfg: TranslateConfig, where: str) -> tuple[str, str, int] | None:
+    """(container, resource, count) of the first container asking for GPUs, or None."""
+    for container in (obj.get("spec") or {}).get("containers") or ():
+        requests = container_requests(container, f"{where} container {container.get('name')}")
+        for resource in (SPOT_GPU_RESOURCE, cfg.gpu_resource):
+            if requests.get(resource):
+                return str(container.get("name")), resource, requests[resource]
+    return None
+
+
+def _nomination(obj: Mapping[str, Any], where: str) -> Nomination | None:
+    raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(keys.NOMINATED_DEVICES)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+        return Nomination(NodeName(str(data["node"])), tuple(validate_device_id(d) for d in data["devices"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ObjectError(f"{where}: annotation {keys.NOMINATED_DEVICES} is malformed: {exc}") from None
+
+
+def is_shadow(obj: Mapping[str, Any]) -> bool:
+    return ((obj.get("metadata") or {}).get("annotations") or {}).get(keys.POD_DEVICE_TYPE) == "shadow"
+
+
+def build_snapshot(
+    *,
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    podgroups: Iterable[Mapping[str, Any]],
+    queues: Iterable[Mapping[str, Any]],
+    priority_classes: Iterable[Mapping[str, Any]] = (),
+    config: TranslateConfig | None = None,
+) -> SnapshotBuild:
+    cfg = config or TranslateConfig()
+    skipped: list[Skipped] = []
+    pod_objects: dict[PodRef, JSON] = {}
+
+    def skip(kind: str, key: str, reason: str) -> None:
+        skipped.append(Skipped(kind, key, reason))
+
+    # -- nodes
+    snap_nodes: list[Node] = []
+    owners_by_node: dict[str, dict[ContainerRef, list[DeviceID]]] = {}
+    for obj in nodes:
+        name = name_of(obj)
+        meta = obj.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        state = annotations.get(keys.NODE_SPOT_GPU_STATE)
+        if state is None:
+            continue
+        try:
+            node_state = parse_node_state(name, state)
+            lending, strategy = parse_node_annotations(name, annotations)
+            gpus = tuple(GPU(d, owner=o, twin=h) for d, (o, h) in sorted(node_state.items()))
+            snap_nodes.append(
+                Node(
+                    NodeName(name),
+                    gpus,
+                    resource=cfg.gpu_resource,
+                    lending=lending,
+                    strategy=strategy,
+                    schedulable=node_schedulable(obj),
+                    pool=str((meta.get("labels") or {}).get(cfg.pool_label, "")),
+                )
+            )
+        except ValidationError as exc:
+            skip("Node", name, str(exc))
+            continue
+        by_owner: dict[ContainerRef, list[DeviceID]] = {}
+        for real in gpus:
+            if real.owner is not None:
+                by_owner.setdefault(real.owner, []).append(real.id)
+        owners_by_node[name] = by_owner
+
+    # -- queues
+    snap_queues: dict[str, Queue] = {}
+    for obj in queues:
+        try:
+            qv = QueueView.parse(obj)
+            snap_queues[qv.name] = Queue(qv.name, qv.type, qv.weight, qv.capacity_milli)
+        except ValidationError as exc:
+            skip("Queue", name_of(obj), str(exc))
+
+    # -- priority classes and groups
+    priority_values = {name_of(pc): int(pc.get("value") or 0) for pc in priority_classes}
+    groups: dict[PodRef, PodGroup] = {}
+    for obj in podgroups:
+        key = f"{namespace_of(obj)}/{name_of(obj)}"
+        try:
+            gv = PodGroupView.parse(obj)
+            queue = snap_queues.get(gv.queue)
+            if queue is None:
+                skip("PodGroup", key, f"queue {gv.queue!r} does not exist")
+                continue
+            spot_priority = None
+            priority = 0
+            if queue.type is QueueType.SPOT:
+                spot_priority = SpotPriority.parse(gv.priority_class or SpotPriority.SPOTLOW.value)
+                priority = spot_priority.value_int
+            elif gv.priority_class:
+                priority = priority_values.get(gv.priority_class, 0)
+            try:
+                phase = PodGroupPhase(gv.phase)
+            except ValueError:
+                phase = PodGroupPhase.PENDING
+            ref = PodRef(gv.namespace, gv.name)
+            groups[ref] = PodGroup(
+                ref,
+                gv.queue,
+                min_member=gv.min_member,
+                priority=priority,
+                spot_priority=spot_priority,
+                phase=phase,
+                created_at=gv.created_at,
+                pool=gv.pool,
+            )
+        except ValidationError as exc:
+            skip("PodGroup", key, str(exc))
+
+    # -- pods and shadows
+    snap_pods: list[Pod] = []
+    shadows: list[ShadowPod] = []
+    for obj in pods:
+        where = f"pod {namespace_of(obj)}/{name_of(obj)}"
+        key = f"{namespace_of(obj)}/{name_of(obj)}"
+        if pod_phase(obj) in ("Succeeded", "Failed"):
+            continue
+        try:
+            ref = pod_ref(obj)
+            node = (obj.get("spec") or {}).get("nodeName")
+            created_at = parse_time((obj.get("metadata") or {}).get("creationTimestamp")) or 0.0
+            if is_shadow(obj):
+                if not node:
+                    skip("ShadowPod", key, "has no node")
+                    continue
+                assigned = _assigned(obj, where)
+                held = tuple(validate_device_id(d) for ids in assigned.values() for d in ids)
+                raw_group = ((obj.get("metadata") or {}).get("annotations") or {}).get(keys.SHADOW_FOR)
+                containers = (obj.get("spec") or {}).get("containers") or [{}]
+                shadows.append(
+                    ShadowPod(
+                        ref,
+                        NodeName(node),
+                        held,
+                        container=str(containers[0].get("name") or "main"),
+                        group=PodRef.parse(raw_group) if raw_group else None,
+                        created_at=created_at,
+                        deleting=is_deleting(obj),
+                    )
+                )
+                pod_objects[ref] = dict(obj)
+                continue
+            gpu = _gpu_container(obj, cfg, where)
+            if gpu is None:
+                skip("Pod", key, f"requests neither {SPOT_GPU_RESOURCE} nor {cfg.gpu_resource}")
+                continue
+            container, resource, count = gpu
+            annotations = (obj.get("metadata") or {}).get("annotations") or {}
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            if resource == SPOT_GPU_RESOURCE and annotations.get(keys.SPOT_GPU_MILLI):
+                request = GPURequest.shared(int(annotations[keys.SPOT_GPU_MILLI]))
+            elif resource == SPOT_GPU_RESOURCE:
+                request = GPURequest.spot(count)
+            else:
+                request = GPURequest.reserved(count, ResourceName(resource))
+            group_name = labels.get(keys.POD_GROUP)
+            if group_name is None:
+                group_name = ref.name
+                queue_name = labels.get(keys.QUEUE, cfg.default_queue)
+                queue = snap_queues.get(queue_name)
+                if queue is None:
+                    skip("Pod", key, f"has no PodGroup and its queue {queue_name!r} does not exist")
+                    continue
+                gref = PodRef(ref.namespace, group_name)
+                if gref not in groups:
+                    spot = SpotPriority.SPOTLOW if queue.type is QueueType.SPOT else None
+                    groups[gref] = PodGroup(
+                        gref,
+                        queue_name,
+                        min_member=1,
+                        spot_priority=spot,
+                        priority=spot.value_int if spot else 0,
+                        created_at=created_at,
+                    )
+            elif PodRef(ref.namespace, group_name) not in groups:
+                skip("Pod", key, f"its PodGroup {group_name!r} does not exist (yet)")
+                continue
+            devices: tuple[DeviceID, ...] = ()
+            if node:
+                assigned = _assigned(obj, where)
+                if request.is_spot:
+                    devices = tuple(from_spot_id(d) for d in assigned.get(SPOT_GPU_RESOURCE, ()))
+                elif resource in assigned:
+                    devices = tuple(validate_device_id(d) for d in assigned[resource])
+                else:
+                    owner = ContainerRef(ref.namespace, ref.name, container)
+                    devices = tuple(owners_by_node.get(node, {}).get(owner, ()))
+            snap_pods.append(
+                Pod(
+                    ref,
+                    group_name,
+                    request,
+                    container=container,
+                    node=NodeName(node) if node else None,
+                    devices=devices,
+                    start_time=pod_start_time(obj),
+                    evicting=is_deleting(obj) or disruption(obj) is not None,
+                    nominated=None if node else _nomination(obj, where),
+                    created_at=created_at,
+                )
+            )
+            pod_objects[ref] = dict(obj)
+        except ValidationError as exc:
+            skip("Pod", key, str(exc))
+        except ValueError as exc:
+            skip("Pod", key, f"{where}: {exc}")
+
+    snap_nodes, snap_pods, shadows = _claim_devices(snap_nodes, snap_pods, shadows, skip)
+    snapshot = Snapshot.of(
+        nodes=snap_nodes,
+        queues=snap_queues.values(),
+        groups=groups.values(),
+        pods=snap_pods,
+        shadows=shadows,
+    )
+    return SnapshotBuild(snapshot, tuple(skipped), pod_objects)
+
+
+def _claim_devices(
+    nodes: list[Node], pods: list[Pod], shadows: list[ShadowPod], skip: Callable[[str, str, str], None]
+) -> tuple[list[Node], list[Pod], list[ShadowPod]]:
+    """Make the GPUs' owners agree with what the scheduler itself placed; leave out placements
+    the snapshot cannot hold (a node left out, a GPU its node does not report).
+
+    The agent reports owners from the kubelet's allocations, so right after a ShadowPod or a
+    reserved pod was placed its GPUs still show as unallocated: such a GPU gets the holder as
+    owner (the kubelet is about to allocate it). A holder whose GPU the agent reports held by
+    somebody else lost a race (say with a pod of another scheduler) and is left out.
+    """
+    claims: dict[tuple[str, DeviceID], ContainerRef] = {}
+    kept_shadows: list[ShadowPod] = []
+    kept_pods: list[Pod] = []
+    owners: dict[tuple[str, DeviceID], ContainerRef | None] = {(n.name, g.id): g.owner for n in nodes for g in n.gpus}
+    node_names = {n.name for n in nodes}
+
+    def known(kind: str, ref: PodRef, node: str | None, devices: tuple[DeviceID, ...]) -> bool:
+        # a placed pod on a node left out (no agent, malformed state) or on a GPU its node does not
+        # report would make the whole snapshot invalid: leave that one pod out instead
+        if node is None:
+            return True
+        if node not in node_names:
+            skip(kind, ref.format(), f"placed on node {node}, which is not in the snapshot")
+            return False
+        unknown = [d for d in devices if (node, d) not in owners]
+        if unknown:
+            skip(kind, ref.format(), f"uses {', '.join(unknown)}, which node {node} does not report")
+            return False
+        return True
+
+    def claim(kind: str, ref: PodRef, node: str, devices: tuple[DeviceID, ...], holder: ContainerRef) -> bool:
+        for device in devices:
+            current = owners.get((node, device))
+            if current is not None and current != holder:
+                skip(kind, ref.format(), f"GPU {device} on {node} is held by {current}, not {holder}")
+                return False
+        for device in devices:
+            if owners.get((node, device), holder) is None:
+                claims[(node, device)] = holder
+        return True
+
+    for shadow in shadows:
+        if not known("ShadowPod", shadow.ref, shadow.node, shadow.devices):
+            continue
+        if shadow.deleting or claim("ShadowPod", shadow.ref, shadow.node, shadow.devices, shadow.container_ref):
+            kept_shadows.append(shadow)
+    for pod in pods:
+        if not known("Pod", pod.ref, pod.node, pod.devices):
+            continue
+        if pod.node is None or pod.request.is_spot or claim("Pod", pod.ref, pod.node, pod.devices, pod.container_ref):
+            kept_pods.append(pod)
+    if not claims:
+        return nodes, kept_pods, kept_shadows
+    new_nodes = [
+        dataclasses.replace(
+            n,
+            gpus=tuple(
+                dataclasses.replace(g, owner=claims[(n.name, g.id)]) if (n.name, g.id) in claims else g for g in n.gpus
+            ),
+        )
+        for n in nodes
+    ]
+    return new_nodes, kept_pods, kept_shadows
+
+
+__all__ = ["Skipped", "SnapshotBuild", "TranslateConfig", "build_snapshot", "is_shadow", "parse_node_state"]
