@@ -10,14 +10,18 @@ render empty; ``{{-``/``-}}`` trim whitespace), the same is done here.
 
 Supported: ``{{ pipeline }}``, ``{{- -}}``, comments, ``if``/``else if``/``else``, ``range``
 (over lists and maps, with ``$k, $v :=``), ``with``, ``define``/``include``/``template``,
-variables (``$x :=``, ``$x =``, ``$``), parenthesised pipelines, method ``.Files.Get``, and the
-functions in :data:`FUNCS`.
+variables (``$x :=`` declares in the current block, ``$x =`` assigns to the variable declared in
+the nearest enclosing block, as Go does; ``$``), parenthesised pipelines, method ``.Files.Get``,
+and the functions in :data:`FUNCS` (``fail`` raises :class:`TemplateError` with its message, as
+``helm template`` fails).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from collections import ChainMap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,6 +195,15 @@ def _required(msg: str, v: Any) -> Any:
     return v
 
 
+def _fail(msg: str) -> Any:
+    raise TemplateError(f"fail: {msg}")
+
+
+def _add(*v: Any) -> int:
+    """sprig's ``add``: every argument as an int64."""
+    return sum(int(x) for x in v)
+
+
 FUNCS: dict[str, Callable[..., Any]] = {
     "toYaml": to_yaml,
     "toJson": lambda v: json.dumps(v, sort_keys=True, separators=(",", ":")),
@@ -213,7 +226,14 @@ FUNCS: dict[str, Callable[..., Any]] = {
     "required": _required,
     "empty": lambda v: not truthy(v),
     "hasKey": lambda d, k: isinstance(d, dict) and k in d,
+    "hasPrefix": lambda prefix, s: to_text(s).startswith(prefix),
+    "regexMatch": lambda regex, s: re.search(regex, to_text(s)) is not None,
+    "add": _add,
+    "fail": _fail,
+    "sha256sum": lambda s: hashlib.sha256(to_text(s).encode()).hexdigest(),
 }
+
+Scope = ChainMap[str, Any]
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -234,20 +254,27 @@ class Renderer:
     def __init__(self, defines: dict[str, list[Node]]) -> None:
         self.defines = defines
 
-    def render(self, nodes: list[Node], dot: Any, scope: dict[str, Any]) -> str:
+    def render(self, nodes: list[Node], dot: Any, scope: Scope) -> str:
         out: list[str] = []
         for node in nodes:
             out.append(self._node(node, dot, scope))
         return "".join(out)
 
-    def _node(self, node: Node, dot: Any, scope: dict[str, Any]) -> str:
+    def _node(self, node: Node, dot: Any, scope: Scope) -> str:
         if node.kind == "text":
             return node.text
         if node.kind == "out":
             return to_text(self.pipeline(node.tokens, dot, scope))
         if node.kind == "assign":
-            scope[node.name] = self.pipeline(node.tokens, dot, scope)
-            return ""
+            value = self.pipeline(node.tokens, dot, scope)
+            if node.text == "assign":  # $x := declares in this block
+                scope.maps[0][node.name] = value
+                return ""
+            for frame in scope.maps:  # $x = assigns where $x was declared
+                if node.name in frame:
+                    frame[node.name] = value
+                    return ""
+            raise TemplateError(f"undefined variable {node.name}")
         if node.kind == "template":
             name = json.loads(node.tokens[0][1])
             arg = self.pipeline(node.tokens[1:], dot, scope) if len(node.tokens) > 1 else None
@@ -255,15 +282,15 @@ class Renderer:
         if node.kind == "if":
             for cond, body in node.branches:
                 if cond is None or truthy(self.pipeline(cond, dot, scope)):
-                    return self.render(body, dot, dict(scope))
+                    return self.render(body, dot, scope.new_child())
             return ""
         if node.kind == "with":
             cond, body = node.branches[0]
             assert cond is not None
             value = self.pipeline(cond, dot, scope)
             if truthy(value):
-                return self.render(body, value, dict(scope))
-            return self.render(node.branches[1][1], dot, dict(scope)) if len(node.branches) > 1 else ""
+                return self.render(body, value, scope.new_child())
+            return self.render(node.branches[1][1], dot, scope.new_child()) if len(node.branches) > 1 else ""
         if node.kind == "range":
             cond, body = node.branches[0]
             assert cond is not None
@@ -276,10 +303,10 @@ class Renderer:
             value = self.pipeline(toks, dot, scope)
             items = sorted(value.items()) if isinstance(value, dict) else list(enumerate(value or []))
             if not items:
-                return self.render(node.branches[1][1], dot, dict(scope)) if len(node.branches) > 1 else ""
+                return self.render(node.branches[1][1], dot, scope.new_child()) if len(node.branches) > 1 else ""
             parts = []
             for key, item in items:
-                inner = dict(scope)
+                inner = scope.new_child()
                 if len(names) == 1:
                     inner[names[0]] = item
                 elif len(names) == 2:
@@ -291,11 +318,11 @@ class Renderer:
     def include(self, name: str, dot: Any) -> str:
         if name not in self.defines:
             raise TemplateError(f"include of undefined template {name!r}")
-        return self.render(self.defines[name], dot, {"$": dot})
+        return self.render(self.defines[name], dot, ChainMap({"$": dot}))
 
     # -- pipelines
 
-    def pipeline(self, toks: list[tuple[str, str]], dot: Any, scope: dict[str, Any]) -> Any:
+    def pipeline(self, toks: list[tuple[str, str]], dot: Any, scope: Scope) -> Any:
         stages: list[list[tuple[str, str]]] = [[]]
         depth = 0
         for t in toks:
@@ -312,7 +339,7 @@ class Renderer:
             value = self.command(stage, dot, scope, value)
         return None if value is _MISSING else value
 
-    def command(self, toks: list[tuple[str, str]], dot: Any, scope: dict[str, Any], piped: Any) -> Any:
+    def command(self, toks: list[tuple[str, str]], dot: Any, scope: Scope, piped: Any) -> Any:
         if not toks:
             raise TemplateError("empty command")
         args = self.operands(toks, dot, scope)
@@ -331,7 +358,7 @@ class Renderer:
             raise TemplateError(f"{toks!r} is not a function but has arguments")
         return args[0]
 
-    def operands(self, toks: list[tuple[str, str]], dot: Any, scope: dict[str, Any]) -> list[Any]:
+    def operands(self, toks: list[tuple[str, str]], dot: Any, scope: Scope) -> list[Any]:
         out: list[Any] = []
         i = 0
         while i < len(toks):
@@ -408,13 +435,18 @@ def render_chart(
         if not path.name.startswith("_") and path.suffix in (".yaml", ".yml", ".txt"):
             parsed[path.name] = root
     renderer = Renderer(defines)
-    return {name: renderer.render(root, top, {"$": top}) for name, root in parsed.items()}
+    return {name: renderer.render(root, top, ChainMap({"$": top})) for name, root in parsed.items()}
 
 
 def _merge(base: Any, over: Any) -> Any:
+    """Helm's coalescing of user values over the chart's: maps merge key by key, a user ``null``
+    deletes the chart's default for that key, anything else replaces it."""
     if isinstance(base, dict) and isinstance(over, dict):
         out = dict(base)
         for k, v in over.items():
-            out[k] = _merge(base.get(k), v)
+            if v is None:
+                out.pop(k, None)
+            else:
+                out[k] = _merge(base.get(k), v)
         return out
     return over
