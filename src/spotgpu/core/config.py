@@ -224,6 +224,24 @@ class ExporterEndpoint:
             raise ConfigError(f"url: {self.url!r} must start with http:// or https://")
 
 
+class GpuBackendKind(enum.StrEnum):
+    NVML = "nvml"
+    """NVIDIA GPUs through NVML (nvidia-ml-py)."""
+    DEVNODE = "devnode"
+    """GPUs given as device nodes (``deviceNodes``); processes found through ``/proc/*/fd``."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeviceNodeConfig:
+    """One GPU of the ``devnode`` backend: the vendor plugin's device ID and its device node."""
+
+    id: str
+    path: Path
+    index: int
+    numa_node: int | None = None
+    container_paths: tuple[str, ...] = ()
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class GuardConfig:
     """The return guard (seccomp user notification) of the agent."""
@@ -235,10 +253,24 @@ class GuardConfig:
     """Control socket of the fd holder that keeps notify fds across agent restarts."""
     fail_open_timeout: Seconds = Seconds(5.0)
     """A held owner call is released after this long even if eviction has not finished."""
+    holder_timeout: Seconds = Seconds(3.0)
+    """The fd holder takes the notify fds back from a guard that sent nothing for this long
+    (the guard pings every quarter of it); bounds how long a hung agent can hold a call."""
+    runtime_binary: str = "runc"
+    """Low-level runtime whose ``--version`` must show runc >= 1.1 with libseccomp >= 2.5;
+    empty skips that check (the operator vouches for it)."""
+    handover_timeout: Seconds = Seconds(60.0)
+    """How long an fd holder asked to stop (SIGTERM) keeps serving while it waits for a
+    successor holder to take its notify fds; keep it below the holder pod's
+    ``terminationGracePeriodSeconds``."""
 
     def __post_init__(self) -> None:
         if self.fail_open_timeout <= 0:
             raise ConfigError("guard.failOpenTimeout: must be greater than zero")
+        if self.holder_timeout <= 0:
+            raise ConfigError("guard.holderTimeout: must be greater than zero")
+        if self.handover_timeout <= 0:
+            raise ConfigError("guard.handoverTimeout: must be greater than zero")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -263,6 +295,20 @@ class AgentConfig:
     runtime_socket: Path = Path("/run/spotgpu/agent.sock")
     """Local service spotgpu-runtime asks for device resolution and guard state."""
     guard: GuardConfig = dataclasses.field(default_factory=GuardConfig)
+    gpu_backend: GpuBackendKind = GpuBackendKind.NVML
+    device_nodes: tuple[DeviceNodeConfig, ...] = ()
+    """GPUs of the ``devnode`` backend (other vendors' device nodes, or test stand-ins)."""
+    utilization_dir: Path | None = None
+    """``devnode`` backend: a directory of ``<device id>`` files holding a utilization percentage."""
+    plugin_socket_name: str = "spotgpu-spot-gpu.sock"
+    eviction_timeout: Seconds = Seconds(10.0)
+    """Longest wait for spot tasks to exit after SIGKILL before the eviction reports failure."""
+    twin_replicas: int = 1
+    """Twins advertised per real GPU: 1 gives ``spot-<id>`` (one spot container per lent GPU);
+    N > 1 gives ``spot-<id>::0`` .. ``::N-1``, so up to N spot containers share one GPU (shared spot)."""
+    state_file: Path | None = Path("/run/spotgpu/agent-state.json")
+    """Which owners are lent, kept across agent restarts (a tmpfs path: a node reboot forgets it);
+    ``null`` keeps no file (a restarted agent then re-lends only owners whose GPUs carry spot users)."""
 
     def __post_init__(self) -> None:
         if self.detect_interval <= 0:
@@ -276,6 +322,12 @@ class AgentConfig:
             raise ConfigError("exporters: utilizationSource is 'exporter' but no exporter endpoint is configured")
         if self.gpu_resource == self.spot_resource:
             raise ConfigError("spotResource: must differ from gpuResource")
+        if self.gpu_backend is GpuBackendKind.DEVNODE and not self.device_nodes:
+            raise ConfigError("deviceNodes: gpuBackend is 'devnode' but no device node is configured")
+        if "/" in self.plugin_socket_name or not self.plugin_socket_name.endswith(".sock"):
+            raise ConfigError(f"pluginSocketName: {self.plugin_socket_name!r} must be a file name ending in .sock")
+        if not 1 <= self.twin_replicas <= 64:
+            raise ConfigError(f"twinReplicas: must be between 1 and 64, got {self.twin_replicas}")
 
     @property
     def kubelet_socket(self) -> Path:
@@ -285,6 +337,8 @@ class AgentConfig:
 __all__ = [
     "AgentConfig",
     "ConfigError",
+    "DeviceNodeConfig",
+    "GpuBackendKind",
     "ExporterEndpoint",
     "GuardConfig",
     "Seconds",

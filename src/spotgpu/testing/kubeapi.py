@@ -1139,6 +1139,7 @@ def _not_found(rt: ResourceType, name: str) -> ApiFailure:
 class _HTTPServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # socketserver's 5 drops SYNs of parallel clients: 1 s retransmit stalls
     api: KubeApiServer
 
 

@@ -1,0 +1,207 @@
+"""The agent's Prometheus metrics, their ``/metrics`` HTTP endpoint and the ``/debug/state`` dump.
+
+Decides nothing. Side effects: metric updates in a private registry (one per agent, so tests
+and several agents in one process never collide; the return guard's metrics join it) and,
+when :meth:`AgentMetrics.serve` is called, an HTTP server thread that answers
+
+* ``GET /metrics`` (also ``/``): the registry in the format the scraper asks for;
+* ``GET /debug/state``: the agent's state as JSON (its MappingCache, lending states, twin
+  health, guard, runtime service answers, recent evictions), when a state callable is given.
+  Read-only, and nothing in it is secret that the metrics do not already show (pod names,
+  device IDs); keep the port node-local or behind a NetworkPolicy like any metrics port.
+
+Metric names (all prefixed ``spotgpu_agent_``):
+
+* ``evictions_total{reason,namespace}``: spot pods evicted, by reason and the spot user's
+  namespace (bounded cardinality; each pod is also named in the log);
+* ``eviction_seconds{reason}``: trigger (owner-busy event or guard signal) to every spot task
+  stopped; ``eviction_complete_seconds{reason}``: to the guard released;
+* ``lent_gpu_seconds_total``: seconds GPUs of idle owners were lent (twin Healthy);
+  ``spot_gpu_seconds_total``: seconds lent or unallocated GPUs had spot users on them;
+* ``twin_healthy{device}``: 1 when the twin of real ``device`` is Healthy;
+  ``owners{state}``: owner containers by lending state;
+* ``detector_errors_total{kind}``, ``collector_errors_total{source,kind}``,
+  ``task_stop_failures_total``, ``pod_delete_failures_total``, ``detect_cycle_seconds``;
+* ``runtime_answers_total{answer,reason}``: spotgpu-runtime's service answers (``unchanged``,
+  ``modified``, ``refused``, ``retry``; refusals by reason), read from its engine at scrape time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from threading import Thread
+from typing import Any
+from urllib.parse import urlsplit
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+StateFn = Callable[[], Mapping[str, Any]]
+
+_EVICTION_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class AgentMetrics:
+    """Every metric the agent exports (see module docstring)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.evictions = Counter(
+            "spotgpu_agent_evictions_total", "Spot pods evicted", ["reason", "namespace"], registry=r
+        )
+        self.eviction_seconds = Histogram(
+            "spotgpu_agent_eviction_seconds",
+            "Trigger to every spot task stopped",
+            ["reason"],
+            buckets=_EVICTION_BUCKETS,
+            registry=r,
+        )
+        self.eviction_complete_seconds = Histogram(
+            "spotgpu_agent_eviction_complete_seconds",
+            "Trigger to pods deleted and the owner released",
+            ["reason"],
+            buckets=_EVICTION_BUCKETS,
+            registry=r,
+        )
+        self.lent_gpu_seconds = Counter(
+            "spotgpu_agent_lent_gpu_seconds_total", "Seconds GPUs of idle owners were lent", registry=r
+        )
+        self.spot_gpu_seconds = Counter(
+            "spotgpu_agent_spot_gpu_seconds_total", "Seconds GPUs had spot users on them", registry=r
+        )
+        self.twin_healthy = Gauge("spotgpu_agent_twin_healthy", "1 when the twin is Healthy", ["device"], registry=r)
+        self.owners = Gauge("spotgpu_agent_owners", "Owner containers by lending state", ["state"], registry=r)
+        self.detector_errors = Counter(
+            "spotgpu_agent_detector_errors_total", "Detection failures (treated as activity)", ["kind"], registry=r
+        )
+        self.collector_errors = Counter(
+            "spotgpu_agent_collector_errors_total", "Utilization collector errors", ["source", "kind"], registry=r
+        )
+        self.task_stop_failures = Counter(
+            "spotgpu_agent_task_stop_failures_total", "Spot tasks that could not be verified stopped", registry=r
+        )
+        self.pod_delete_failures = Counter(
+            "spotgpu_agent_pod_delete_failures_total", "Spot pod deletions that failed (retried)", registry=r
+        )
+        self.detect_cycle_seconds = Histogram(
+            "spotgpu_agent_detect_cycle_seconds",
+            "Wall time of one detection cycle",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=r,
+        )
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: Thread | None = None
+        self._runtime: _RuntimeAnswers | None = None
+
+    # -- updates used by the solver ----------------------------------------------------------
+    def set_health(self, health: Mapping[str, bool]) -> None:
+        for device, healthy in health.items():
+            self.twin_healthy.labels(device=device).set(1 if healthy else 0)
+
+    def set_owner_counts(self, counts: Mapping[str, int]) -> None:
+        for state, count in counts.items():
+            self.owners.labels(state=state).set(count)
+
+    def collector_error(self, source: str, kind: str, count: int = 1) -> None:
+        self.collector_errors.labels(source=source, kind=kind).inc(count)
+
+    def sample(self, name: str, labels: Mapping[str, str] | None = None) -> float | None:
+        """The current value of one sample (tests and the benchmark)."""
+        return self.registry.get_sample_value(name, dict(labels or {}))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def watch_runtime(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        """Export spotgpu-runtime's answer counts (``SpecEngine.counts``) as
+        ``spotgpu_agent_runtime_answers_total``; a later call replaces the source."""
+        if self._runtime is None:
+            self._runtime = _RuntimeAnswers(counts)
+            self.registry.register(self._runtime)
+        else:
+            self._runtime.counts = counts
+
+    # -- HTTP --------------------------------------------------------------------------------
+    def serve(self, address: str, *, state: StateFn | None = None) -> int:
+        """Serve ``/metrics`` (and ``/debug/state`` when ``state`` is given) on ``host:port``
+        (port 0 picks one); returns the port."""
+        host, _, port = address.rpartition(":")
+        server = _Server((host.strip("[]") or "0.0.0.0", int(port)), _Handler)
+        server.registry = self.registry
+        server.state = state
+        thread = Thread(target=server.serve_forever, name="agent-metrics", daemon=True)
+        thread.start()
+        self._server, self._thread = server, thread
+        return int(server.server_address[1])
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+class _RuntimeAnswers(Collector):
+    def __init__(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "spotgpu_agent_runtime_answers",
+            "Answers of spotgpu-runtime's service, by answer and (for refusals and retries) reason",
+            labels=["answer", "reason"],
+        )
+        for key, count in sorted(self.counts().items()):
+            answer, _, reason = key.partition(":")
+            family.add_metric([answer, reason], count)
+        yield family
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    registry: CollectorRegistry
+    state: StateFn | None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("metrics %s: " + format, self.address_string(), *args)
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path.rstrip("/") or "/"
+        if path in ("/", "/metrics"):
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            self._answer(200, content_type, encoder(self.server.registry))
+        elif path == "/debug/state" and self.server.state is not None:
+            try:
+                body = json.dumps(self.server.state(), sort_keys=True).encode()
+            except Exception as exc:  # a bug in the dump must not take the endpoint down
+                log.exception("building /debug/state failed")
+                self._answer(500, "text/plain; charset=utf-8", f"state unavailable: {exc}\n".encode())
+                return
+            self._answer(200, "application/json", body)
+        else:
+            self._answer(404, "text/plain; charset=utf-8", b"not found: try /metrics or /debug/state\n")
+
+    def _answer(self, code: int, content_type: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+__all__ = ["AgentMetrics", "StateFn"]

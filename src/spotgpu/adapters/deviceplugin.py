@@ -1,0 +1,290 @@
+"""The ``platform/spot-gpu`` device plugin: kubelet device plugin API v1beta1 over a unix socket.
+
+Decides nothing itself: the twin list and health come from the agent (:meth:`set_devices`),
+and Allocate's answer from a callable the agent supplies. Side effects: a gRPC server on
+``<device_plugin_dir>/<socket_name>``, a gRPC client call to the kubelet's ``kubelet.sock``
+(Register), and a watcher thread that stats both sockets.
+
+Life cycle (protocols.md 1.5/1.6, the order real kubelets require):
+
+1. serve on a fresh socket, 2. Register with the kubelet (which dials us back and calls
+   GetDevicePluginOptions before answering), 3. stream the full device list on ListAndWatch
+   at once and again on every change.
+4. A starting kubelet deletes every socket in the directory, ours included: the watcher sees
+   our socket gone (or ``kubelet.sock`` replaced), stops the old server, serves on a fresh
+   socket and registers again (retrying with backoff while ``kubelet.sock`` is missing).
+5. :meth:`stop` ends every ListAndWatch stream, stops the server and removes our socket.
+
+Allocate: each ContainerAllocateRequest is answered with the annotations the agent's
+callable returns (the unsuffixed ``container-devices-from`` annotation); a refused twin
+fails the whole call with the reason and re-sends the device list, as the API asks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import grpc
+
+from spotgpu.adapters.proto import deviceplugin_v1beta1_pb2 as dp
+from spotgpu.adapters.proto import deviceplugin_v1beta1_pb2_grpc as dp_grpc
+from spotgpu.core.errors import PermanentError
+from spotgpu.core.types import Health
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+
+
+@dataclass(frozen=True, slots=True)
+class TwinDevice:
+    id: str
+    health: Health
+    numa_node: int | None = None
+
+
+AllocateFn = Callable[[Sequence[str]], dict[str, str]]
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino
+
+
+class DevicePluginServer:
+    """Serves one extended resource's device plugin and keeps it registered."""
+
+    def __init__(
+        self,
+        plugin_dir: Path,
+        resource: str,
+        allocate: AllocateFn,
+        *,
+        socket_name: str = "spotgpu-spot-gpu.sock",
+        watch_interval: float = 0.2,
+        register_timeout: float = 10.0,
+    ) -> None:
+        self.plugin_dir = plugin_dir
+        self.resource = resource
+        self.socket = plugin_dir / socket_name
+        self.kubelet_socket = plugin_dir / "kubelet.sock"
+        self._allocate = allocate
+        self._watch_interval = watch_interval
+        self._register_timeout = register_timeout
+        self._cond = threading.Condition()
+        self._devices: tuple[TwinDevice, ...] = ()
+        self._version = 0
+        self._stopping = False
+        self._server: grpc.Server | None = None
+        self._served_inode: int | None = None
+        self._kubelet_inode: int | None = None
+        self._registered = False
+        self._thread: threading.Thread | None = None
+        self._stop_event = threading.Event()
+        self.registrations = 0
+        self.allocations = 0
+        self.refusals = 0
+
+    # -- devices ---------------------------------------------------------------------------
+    def set_devices(self, devices: Sequence[TwinDevice]) -> bool:
+        """Publish a new device list; streams get it only if it changed. Returns whether it did."""
+        new = tuple(sorted(devices, key=lambda d: d.id))
+        with self._cond:
+            if new == self._devices:
+                return False
+            self._devices = new
+            self._version += 1
+            self._cond.notify_all()
+        return True
+
+    def devices(self) -> tuple[TwinDevice, ...]:
+        with self._cond:
+            return self._devices
+
+    def _resend(self) -> None:
+        with self._cond:
+            self._version += 1
+            self._cond.notify_all()
+
+    @property
+    def registered(self) -> bool:
+        return self._registered
+
+    # -- life cycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Serve, register (retrying in the background if the kubelet is not up), then watch."""
+        self._stop_event.clear()
+        with self._cond:
+            self._stopping = False
+        self._serve()
+        self._try_register()
+        self._thread = threading.Thread(target=self._watch, name="deviceplugin-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        self._shutdown_server()
+        if self._served_inode is not None and _inode(self.socket) == self._served_inode:
+            self.socket.unlink(missing_ok=True)
+        self._served_inode = None
+        self._registered = False
+
+    def _serve(self) -> None:
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        self.socket.unlink(missing_ok=True)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="deviceplugin"))
+        dp_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
+        server.add_insecure_port(f"unix://{self.socket}")
+        server.start()
+        self._server = server
+        self._served_inode = _inode(self.socket)
+        log.info("device plugin for %s serving on %s", self.resource, self.socket)
+
+    def _shutdown_server(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            with self._cond:
+                self._cond.notify_all()
+            server.stop(grace=0.5).wait(5)
+
+    def _try_register(self) -> bool:
+        kubelet_inode = _inode(self.kubelet_socket)
+        if kubelet_inode is None:
+            self._registered = False
+            return False
+        request = dp.RegisterRequest(
+            version=API_VERSION,
+            endpoint=self.socket.name,
+            resource_name=self.resource,
+            options=dp.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=False),
+        )
+        try:
+            with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
+                dp_grpc.RegistrationStub(channel).Register(request, timeout=self._register_timeout)
+        except grpc.RpcError as exc:
+            log.warning("registering %s with the kubelet failed: %s: %s", self.resource, exc.code().name, exc.details())
+            self._registered = False
+            return False
+        self._kubelet_inode = kubelet_inode
+        self._registered = True
+        self.registrations += 1
+        log.info("registered %s with the kubelet (endpoint %s)", self.resource, self.socket.name)
+        return True
+
+    def _watch(self) -> None:
+        backoff = self._watch_interval
+        while not self._stop_event.wait(backoff if not self._registered else self._watch_interval):
+            try:
+                ours = _inode(self.socket)
+                kubelet = _inode(self.kubelet_socket)
+                if ours is None or ours != self._served_inode:
+                    log.info("our socket %s was removed (kubelet restart): serving again", self.socket)
+                    self._shutdown_server()
+                    self._serve()
+                    self._registered = False
+                elif self._registered and kubelet is not None and kubelet != self._kubelet_inode:
+                    log.info("kubelet.sock was re-created: registering again")
+                    self._registered = False
+                if not self._registered:
+                    backoff = self._watch_interval if self._try_register() else min(backoff * 2, 5.0)
+            except Exception:  # the watcher must survive anything; the next round retries
+                log.exception("device plugin watcher round failed")
+
+    # -- RPC bodies (called from gRPC threads) ----------------------------------------------
+    def _list_and_watch(self, context: grpc.ServicerContext) -> Iterator[dp.ListAndWatchResponse]:
+        sent = -1
+        context.add_callback(self._wake)
+        while True:
+            with self._cond:
+                self._cond.wait_for(partial(self._should_wake, sent, context), 1.0)
+                if self._stopping or not context.is_active():
+                    return
+                if self._version == sent:
+                    continue
+                sent, devices = self._version, self._devices
+            yield dp.ListAndWatchResponse(
+                devices=[
+                    dp.Device(
+                        ID=d.id,
+                        health=d.health.value,
+                        topology=dp.TopologyInfo(nodes=[dp.NUMANode(ID=d.numa_node)])
+                        if d.numa_node is not None
+                        else None,
+                    )
+                    for d in devices
+                ]
+            )
+
+    def _should_wake(self, sent: int, context: grpc.ServicerContext) -> bool:
+        return self._version != sent or self._stopping or not context.is_active()
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _answer_allocate(self, request: dp.AllocateRequest) -> dp.AllocateResponse:
+        responses = []
+        for container in request.container_requests:
+            annotations = self._allocate(list(container.devices_ids))
+            responses.append(dp.ContainerAllocateResponse(annotations=annotations))
+        self.allocations += 1
+        return dp.AllocateResponse(container_responses=responses)
+
+
+class _Servicer(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
+    def __init__(self, plugin: DevicePluginServer) -> None:
+        self._p = plugin
+
+    def GetDevicePluginOptions(self, request: dp.Empty, context: grpc.ServicerContext) -> dp.DevicePluginOptions:
+        return dp.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=False)
+
+    def ListAndWatch(self, request: dp.Empty, context: grpc.ServicerContext) -> Iterator[dp.ListAndWatchResponse]:
+        yield from self._p._list_and_watch(context)
+
+    def Allocate(self, request: dp.AllocateRequest, context: grpc.ServicerContext) -> dp.AllocateResponse:
+        try:
+            return self._p._answer_allocate(request)
+        except PermanentError as exc:
+            self._p.refusals += 1
+            self._p._resend()
+            log.warning("Allocate refused: %s", exc)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{self._p.resource}: {exc}")
+            raise AssertionError("unreachable") from None
+        except Exception as exc:
+            self._p.refusals += 1
+            log.exception("Allocate failed")
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"{self._p.resource}: allocation failed: {exc}")
+            raise AssertionError("unreachable") from None
+
+    def GetPreferredAllocation(
+        self, request: dp.PreferredAllocationRequest, context: grpc.ServicerContext
+    ) -> dp.PreferredAllocationResponse:
+        responses = []
+        for req in request.container_requests:
+            chosen = list(dict.fromkeys([*req.must_include_deviceIDs, *req.available_deviceIDs]))
+            responses.append(dp.ContainerPreferredAllocationResponse(deviceIDs=chosen[: req.allocation_size]))
+        return dp.PreferredAllocationResponse(container_responses=responses)
+
+    def PreStartContainer(
+        self, request: dp.PreStartContainerRequest, context: grpc.ServicerContext
+    ) -> dp.PreStartContainerResponse:
+        return dp.PreStartContainerResponse()
+
+
+__all__ = ["API_VERSION", "AllocateFn", "DevicePluginServer", "TwinDevice"]

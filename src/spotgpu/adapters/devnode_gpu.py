@@ -1,0 +1,146 @@
+"""A GPU backend for GPUs that are device nodes: processes found through ``/proc/*/fd``.
+
+Decides nothing. Side effects: reads under ``/proc`` (or the ``proc_root`` given) and
+``stat`` of the configured device nodes; no writes.
+
+Used (1) for vendors without an NVML-like library: a process is "on" a GPU when it holds the
+GPU's device node open (CUDA, ROCm, CANN and the others keep their device files open while a
+context lives); (2) for the stand-in GPUs of tests and the node end-to-end harness: harmless
+character devices (e.g. ``/dev/null``'s numbers) at a path the containers see.
+
+A file descriptor counts for a device when its link text is one of the device's paths (the
+host path, or the paths containers see it under) *and* the open file is a character device
+with the same device number: paths alone could name another file, numbers alone are shared by
+stand-ins with ``/dev/null``.
+
+Utilization: a device node has none. Each device reads ``<utilization_dir>/<device id>`` (a
+percentage written by whoever knows, e.g. the test harness) when that file exists; otherwise
+100 when any process holds the device open, else 0. Use a vendor exporter for real numbers.
+
+Cost: one ``listdir`` per process and one ``readlink`` per open file descriptor on the node.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from spotgpu.agent.node_ports import GpuDevice, GpuProcess
+from spotgpu.core.ids import DeviceID, validate_device_id
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNode:
+    """One GPU: its ID (as the vendor's device plugin names it) and its device node."""
+
+    id: DeviceID
+    path: str
+    index: int
+    numa_node: int | None = None
+    container_paths: tuple[str, ...] = ()
+    """Further paths the node has inside containers (NVIDIA keeps the host path)."""
+
+    def __post_init__(self) -> None:
+        validate_device_id(self.id)
+        if not os.path.isabs(self.path):
+            raise ValueError(f"device {self.id}: path {self.path!r} must be absolute")
+
+
+class DeviceNodeBackend:
+    """A :class:`~spotgpu.agent.node_ports.GpuBackend` over device nodes (see module docstring)."""
+
+    name = "devnode"
+
+    def __init__(
+        self, nodes: Sequence[DeviceNode], *, proc_root: Path = Path("/proc"), utilization_dir: Path | None = None
+    ) -> None:
+        ids = [n.id for n in nodes]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"device IDs must be unique, got {ids}")
+        self.nodes = tuple(sorted(nodes, key=lambda n: n.index))
+        self.proc_root = proc_root
+        self.utilization_dir = utilization_dir
+        self._last_pids: dict[DeviceID, tuple[GpuProcess, ...]] = {}
+
+    def _rdev(self, node: DeviceNode) -> int | None:
+        try:
+            st = os.stat(node.path)
+        except OSError:
+            return None
+        return st.st_rdev if stat.S_ISCHR(st.st_mode) else None
+
+    def devices(self) -> tuple[GpuDevice, ...]:
+        result = []
+        for node in self.nodes:
+            rdev = self._rdev(node)
+            minor = os.minor(rdev) if rdev is not None else None
+            result.append(GpuDevice(node.id, node.index, None, minor, node.numa_node, healthy=rdev is not None))
+        return tuple(result)
+
+    def processes(self) -> dict[DeviceID, tuple[GpuProcess, ...]]:
+        by_path: dict[str, list[tuple[DeviceNode, int]]] = {}
+        for node in self.nodes:
+            rdev = self._rdev(node)
+            if rdev is None:
+                continue
+            for path in (node.path, *node.container_paths):
+                by_path.setdefault(path, []).append((node, rdev))
+        found: dict[DeviceID, set[int]] = {n.id: set() for n in self.nodes}
+        root = str(self.proc_root)
+        try:
+            entries = os.listdir(root)
+        except OSError:
+            entries = []
+        for entry in entries:
+            if not entry.isdigit():
+                continue
+            fd_dir = f"{root}/{entry}/fd"
+            try:
+                fds = os.listdir(fd_dir)
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    link = os.readlink(f"{fd_dir}/{fd}")
+                except OSError:
+                    continue
+                candidates = by_path.get(link)
+                if not candidates:
+                    continue
+                try:
+                    st = os.stat(f"{fd_dir}/{fd}")
+                except OSError:
+                    continue
+                if not stat.S_ISCHR(st.st_mode):
+                    continue
+                for node, rdev in candidates:
+                    if st.st_rdev == rdev:
+                        found[node.id].add(int(entry))
+        result = {d: tuple(GpuProcess(pid, d) for pid in sorted(pids)) for d, pids in found.items()}
+        self._last_pids = result
+        return result
+
+    def utilization(self) -> dict[DeviceID, float | None]:
+        result: dict[DeviceID, float | None] = {}
+        held = self._last_pids or self.processes()
+        for node in self.nodes:
+            value: float | None = None
+            if self.utilization_dir is not None:
+                try:
+                    value = float((self.utilization_dir / node.id).read_text().strip())
+                except FileNotFoundError:
+                    value = None
+                except (OSError, ValueError):
+                    result[node.id] = None
+                    continue
+            result[node.id] = value if value is not None else (100.0 if held.get(node.id) else 0.0)
+        return result
+
+    def close(self) -> None:
+        return None
+
+
+__all__ = ["DeviceNode", "DeviceNodeBackend"]

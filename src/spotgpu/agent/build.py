@@ -1,0 +1,106 @@
+"""Building an :class:`~spotgpu.agent.service.Agent` from its configuration.
+
+Decides which adapter implements each port for a given :class:`~spotgpu.core.config.AgentConfig`
+(GPU backend, utilization source, containerd, pod-resources, lending record) and how
+spotgpu-runtime's service is hosted (:class:`~spotgpu.runtime.config.RuntimeConfig`). Side
+effects: constructing the adapters opens gRPC channels (lazily connected) and, for NVML, loads
+the driver library. Used by ``spotgpu agent`` (and so by the node end-to-end harness).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from spotgpu.adapters.agent_metrics import AgentMetrics
+from spotgpu.adapters.agent_state import LendStateFile
+from spotgpu.adapters.containerd import ContainerdTasks
+from spotgpu.adapters.devnode_gpu import DeviceNode, DeviceNodeBackend
+from spotgpu.adapters.kubelet import PodResourcesView
+from spotgpu.agent.node_ports import GpuBackend, UtilizationReader
+from spotgpu.agent.ports import GuardPort, KubePort
+from spotgpu.agent.service import Agent, RuntimeServiceFactory
+from spotgpu.core.clock import Clock
+from spotgpu.core.config import AgentConfig, GpuBackendKind, UtilizationSource
+from spotgpu.core.ids import DeviceID, NodeName
+from spotgpu.core.refs import ContainerRef
+from spotgpu.runtime.config import RuntimeConfig
+from spotgpu.runtime.service import RuntimeService
+
+log = logging.getLogger(__name__)
+
+
+def make_backend(config: AgentConfig) -> GpuBackend:
+    if config.gpu_backend is GpuBackendKind.DEVNODE:
+        nodes = [
+            DeviceNode(DeviceID(n.id), str(n.path), n.index, n.numa_node, n.container_paths)
+            for n in config.device_nodes
+        ]
+        return DeviceNodeBackend(nodes, utilization_dir=config.utilization_dir)
+    from spotgpu.adapters.nvml import NvmlBackend
+
+    return NvmlBackend()
+
+
+def make_utilization(config: AgentConfig, metrics: AgentMetrics) -> UtilizationReader | None:
+    """The exporter reader when configured; ``None`` means the backend's own utilization."""
+    if config.utilization_source is not UtilizationSource.EXPORTER:
+        return None
+    from spotgpu.adapters.exporters.scrape import Exporter, ExporterUtilization
+
+    exporters = [Exporter(e.vendor, e.url, e.timeout) for e in config.exporters]
+    return ExporterUtilization(exporters, on_error=metrics.collector_error)
+
+
+def runtime_service_factory(config: AgentConfig, runtime: RuntimeConfig) -> RuntimeServiceFactory:
+    """spotgpu-runtime's service as the agent hosts it: the agent's paths, its owner lookup, and
+    our own device plugin's socket left out of the runtime's device plugin probing."""
+
+    def make(agent: Agent) -> RuntimeService:
+        return RuntimeService.for_agent(
+            config,
+            runtime,
+            owner_of=agent.owner_of,
+            own_plugin_socket=config.plugin_socket_name,
+            lendable=agent.lendable,
+        )
+
+    return make
+
+
+def build_agent(
+    config: AgentConfig,
+    *,
+    node: NodeName,
+    kube: KubePort,
+    guard_factory: Callable[[Callable[[ContainerRef], None]], GuardPort] | None = None,
+    backend: GpuBackend | None = None,
+    clock: Clock | None = None,
+    runtime: RuntimeConfig | None = None,
+    metrics: AgentMetrics | None = None,
+) -> Agent:
+    """An agent with the real node adapters the configuration names, hosting spotgpu-runtime's
+    service configured by ``runtime`` (None: no service, e.g. a node without the runtime).
+
+    Pass ``metrics`` when something else must share its registry (the guard's metrics)."""
+    metrics = metrics or AgentMetrics()
+    return Agent(
+        config,
+        node=node,
+        kube=kube,
+        backend=backend or make_backend(config),
+        tasks=ContainerdTasks(str(config.containerd_socket), config.containerd_namespace),
+        pod_resources=PodResourcesView(config.pod_resources_socket),
+        guard_factory=guard_factory,
+        utilization=make_utilization(config, metrics),
+        clock=clock,
+        metrics=metrics,
+        runtime_service=runtime_service_factory(config, runtime) if runtime is not None else None,
+        owner_record=runtime.with_agent(config).owner_state_file
+        if runtime is not None and runtime.fallback == "local"
+        else None,
+        store=LendStateFile(config.state_file) if config.state_file is not None else None,
+    )
+
+
+__all__ = ["build_agent", "make_backend", "make_utilization", "runtime_service_factory"]

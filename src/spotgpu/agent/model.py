@@ -1,0 +1,407 @@
+"""The agent's pure decisions: who owns which GPU, which twins are Healthy, whom to evict.
+
+Pure functions over plain data; no I/O, no clock reads, no locks. The agent process
+(:mod:`spotgpu.agent.solver`) calls them with what it measured and applies the returned plans
+through its ports; the simulator can call the same functions with its model's data.
+
+Decisions made here:
+
+* :func:`build_mapping`: the MappingCache content from the kubelet's pod-resources view (the
+  authority on which container holds which real GPU and which spot container holds which
+  twin) and the pods' annotations (ShadowPods). Devices nobody holds belong to IDLE_SPACE.
+* :func:`twin_health`: a twin is Healthy when its real GPU is healthy and unallocated, held by
+  a ShadowPod, or held by an owner that is lent out (idle); otherwise Unhealthy. Unknown is
+  Unhealthy ("when in doubt, fail closed").
+* :func:`plan_eviction`: every spot pod using any of an owner's GPUs, with every container ID
+  the API or the container runtime knows for it.
+* :func:`find_violations`: spot users on GPUs whose twin is not Healthy (after a restart, a
+  reserved pod taking a GPU, a failed GPU): these must be evicted.
+* :func:`allocate_annotations`: the device plugin's Allocate answer, the unsuffixed
+  ``container-devices-from`` annotation naming each twin's owner as the sync source.
+* :func:`node_state_annotation`: the per-device state the agent publishes on its node.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from spotgpu.agent.node_ports import AllocatedDevices, GpuDevice, RuntimeContainer
+from spotgpu.agent.ports import PodInfo
+from spotgpu.core import keys
+from spotgpu.core.codec import DevicesFrom, SyncKind, SyncSource, devices_from_key, format_devices_from
+from spotgpu.core.errors import PermanentError
+from spotgpu.core.ids import (
+    DeviceID,
+    DeviceIDError,
+    ResourceName,
+    from_spot_id,
+    is_spot_id,
+    to_spot_id,
+    validate_device_id,
+)
+from spotgpu.core.mapping_cache import IDLE_SPACE, DeviceEntry, MappingSnapshot, Owner, OwnerEntry
+from spotgpu.core.refs import ContainerRef, PodRef
+from spotgpu.core.types import EvictionReason, Health, OwnerState, PodDeviceType
+
+
+class LendState(StrEnum):
+    """The solver's view of one owner container."""
+
+    ACTIVE = "active"
+    """Using its GPUs (or not yet judged idle): twins Unhealthy, nothing lent."""
+    LENT = "lent"
+    """Idle for maxInactiveTime: twins Healthy, guard armed, spot work may run."""
+    EVICTING = "evicting"
+    """Back: twins Unhealthy, spot work being stopped; the guard holds the owner's call."""
+
+    @property
+    def owner_state(self) -> OwnerState:
+        return OwnerState.IDLE if self is LendState.LENT else OwnerState.ACTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class MappingBuild:
+    """Result of :func:`build_mapping`."""
+
+    snapshot: MappingSnapshot
+    shadow_owners: frozenset[ContainerRef]
+    problems: tuple[str, ...] = ()
+    """Inconsistencies found (logged and counted by the caller; never fatal)."""
+
+
+def _is_shadow(pod: PodInfo | None) -> bool:
+    return pod is not None and pod.annotations.get(keys.POD_DEVICE_TYPE) == PodDeviceType.SHADOW.value
+
+
+def build_mapping(
+    devices: Sequence[GpuDevice],
+    allocations: Iterable[AllocatedDevices],
+    pods: Mapping[PodRef, PodInfo],
+    *,
+    gpu_resource: ResourceName,
+    spot_resource: ResourceName,
+) -> MappingBuild:
+    """The owner -> device -> spot users map this node's state implies.
+
+    Real devices not in ``devices`` (another backend's, or gone) are ignored with a problem
+    noted; a device reported for two containers keeps its first holder (sorted by reference).
+    """
+    known = {d.id for d in devices}
+    problems: list[str] = []
+    owner_of: dict[DeviceID, Owner] = {}
+    users: dict[DeviceID, set[PodRef]] = {d.id: set() for d in devices}
+    shadow: set[ContainerRef] = set()
+    ordered = sorted(allocations, key=lambda a: (a.pod.format(), a.container, a.resource))
+    for alloc in ordered:
+        if alloc.resource != gpu_resource:
+            continue
+        owner = ContainerRef(alloc.pod.namespace, alloc.pod.name, alloc.container)
+        if _is_shadow(pods.get(alloc.pod)):
+            shadow.add(owner)
+        for device in alloc.device_ids:
+            if device not in known:
+                problems.append(f"{owner} holds {gpu_resource} device {device!r}, which this node's GPU backend lacks")
+                continue
+            holder = owner_of.setdefault(device, owner)
+            if holder != owner:
+                problems.append(f"device {device!r} is reported for both {holder} and {owner}; keeping {holder}")
+    for alloc in ordered:
+        if alloc.resource != spot_resource:
+            continue
+        for twin in alloc.device_ids:
+            real = real_of_twin(twin, known)
+            if real is None:
+                problems.append(f"{alloc.pod}/{alloc.container} holds unknown twin {twin!r}")
+                continue
+            users[real].add(alloc.pod)
+    table: dict[Owner, list[DeviceEntry]] = {}
+    for device in sorted(known):
+        device_owner: Owner = owner_of.get(device, IDLE_SPACE)
+        table.setdefault(device_owner, []).append(DeviceEntry(device, tuple(sorted(users[device]))))
+    entries = [OwnerEntry(o, tuple(ds)) for o, ds in table.items()]
+    entries.sort(key=lambda e: (0, "") if e.owner is IDLE_SPACE else (1, e.owner.format()))
+    return MappingBuild(MappingSnapshot(tuple(entries)), frozenset(shadow), tuple(problems))
+
+
+def real_of_twin(twin: str, known: Collection[str]) -> DeviceID | None:
+    """The real device behind ``twin`` (``spot-X`` or a shared replica ``spot-X::<n>``), if known.
+
+    ``X`` itself may contain ``::`` (a vendor's own replica IDs), so the whole rest is tried first.
+    """
+    try:
+        real = from_spot_id(twin) if is_spot_id(twin) else None
+    except DeviceIDError:
+        return None
+    if real is None:
+        return None
+    if real in known:
+        return real
+    base, sep, index = real.rpartition("::")
+    if sep and index.isdigit() and base in known:
+        return DeviceID(base)
+    return None
+
+
+def owners_of(snapshot: MappingSnapshot) -> dict[ContainerRef, tuple[DeviceID, ...]]:
+    """Container owners (not IDLE_SPACE) and their devices."""
+    return {e.owner: tuple(d.device for d in e.devices) for e in snapshot.owners if isinstance(e.owner, ContainerRef)}
+
+
+def device_index(snapshot: MappingSnapshot) -> dict[DeviceID, tuple[Owner, tuple[PodRef, ...]]]:
+    """``{device: (owner, users)}``."""
+    return {d.device: (e.owner, d.users) for e in snapshot.owners for d in e.devices}
+
+
+def twin_health(
+    devices: Sequence[GpuDevice],
+    snapshot: MappingSnapshot,
+    lend_states: Mapping[ContainerRef, LendState],
+    shadow_owners: frozenset[ContainerRef],
+) -> dict[DeviceID, Health]:
+    """Health of each real device's twin (keyed by the *real* ID; see module docstring)."""
+    index = device_index(snapshot)
+    result: dict[DeviceID, Health] = {}
+    for device in devices:
+        owner = index.get(device.id, (None, ()))[0]
+        healthy = device.healthy and (
+            owner is IDLE_SPACE
+            or (
+                isinstance(owner, ContainerRef) and (owner in shadow_owners or lend_states.get(owner) is LendState.LENT)
+            )
+        )
+        result[device.id] = Health.HEALTHY if healthy else Health.UNHEALTHY
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """A spot pod to evict: the owner's devices it uses and its containers' runtime IDs."""
+
+    pod: PodRef
+    devices: tuple[DeviceID, ...]
+    container_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionPlan:
+    """Take ``devices`` back from every spot user; ``owner`` is released (guard) afterwards."""
+
+    owner: Owner
+    devices: tuple[DeviceID, ...]
+    reason: EvictionReason
+    victims: tuple[Victim, ...]
+    at: float
+    """When the trigger happened (monotonic seconds): the start of eviction latency."""
+
+    @property
+    def container_ids(self) -> tuple[str, ...]:
+        return tuple(sorted({c for v in self.victims for c in v.container_ids}))
+
+
+@dataclass(frozen=True, slots=True)
+class LendPlan:
+    """Lend ``owner``'s ``devices``: arm the guard, then make their twins Healthy."""
+
+    owner: ContainerRef
+    devices: tuple[DeviceID, ...]
+    at: float
+    idle_since: float
+
+
+def runtime_container_ids(pod: PodRef, runtime: Iterable[RuntimeContainer]) -> tuple[str, ...]:
+    """IDs of the application containers (not sandboxes) the runtime labels with ``pod``."""
+    found = []
+    for container in runtime:
+        labels = container.labels
+        if labels.get(keys.LABEL_POD_NAMESPACE) != pod.namespace or labels.get(keys.LABEL_POD_NAME) != pod.name:
+            continue
+        if labels.get(keys.LABEL_CRI_KIND) == keys.CRI_TYPE_SANDBOX:
+            continue
+        found.append(container.id)
+    return tuple(sorted(found))
+
+
+def victim_container_ids(pod: PodRef, info: PodInfo | None, runtime: Iterable[RuntimeContainer]) -> tuple[str, ...]:
+    """Every container ID of ``pod``: those the API reports and those the runtime labels."""
+    ids = set(runtime_container_ids(pod, runtime))
+    if info is not None:
+        ids.update(c.container_id for c in info.containers if c.container_id)
+    return tuple(sorted(ids))
+
+
+def plan_eviction(
+    snapshot: MappingSnapshot,
+    owner: Owner,
+    devices: Sequence[DeviceID],
+    pods: Mapping[PodRef, PodInfo],
+    runtime: Sequence[RuntimeContainer],
+    *,
+    reason: EvictionReason,
+    at: float,
+) -> EvictionPlan:
+    """Every spot user of ``devices`` (the owner's), with all its container IDs."""
+    wanted = set(devices)
+    uses: dict[PodRef, set[DeviceID]] = {}
+    for device, (_, users) in device_index(snapshot).items():
+        if device in wanted:
+            for user in users:
+                uses.setdefault(user, set()).add(device)
+    victims = tuple(
+        Victim(pod, tuple(sorted(devs)), victim_container_ids(pod, pods.get(pod), runtime))
+        for pod, devs in sorted(uses.items())
+    )
+    return EvictionPlan(owner, tuple(sorted(wanted)), reason, victims, at)
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """Spot users found on devices whose twins are not Healthy."""
+
+    owner: Owner
+    devices: tuple[DeviceID, ...]
+    reason: EvictionReason
+
+
+def find_violations(
+    devices: Sequence[GpuDevice],
+    snapshot: MappingSnapshot,
+    health: Mapping[DeviceID, Health],
+    *,
+    skip_owners: frozenset[Owner] = frozenset(),
+    default_reason: EvictionReason,
+) -> list[Violation]:
+    """Devices with spot users whose twin is Unhealthy, grouped by owner.
+
+    A failed GPU gives :attr:`EvictionReason.DEVICE_UNHEALTHY`; anything else
+    ``default_reason`` (``Recovery`` after a restart, ``ReservedPreempt`` when a reserved
+    container received a GPU that spot work still used). Owners in ``skip_owners`` (an
+    eviction is already running for them) are left out.
+    """
+    failed = {d.id for d in devices if not d.healthy}
+    grouped: dict[tuple[Owner, EvictionReason], list[DeviceID]] = {}
+    for device, (owner, users) in sorted(device_index(snapshot).items()):
+        if not users or health.get(device) is Health.HEALTHY or owner in skip_owners:
+            continue
+        reason = EvictionReason.DEVICE_UNHEALTHY if device in failed else default_reason
+        grouped.setdefault((owner, reason), []).append(device)
+    return [Violation(owner, tuple(devs), reason) for (owner, reason), devs in grouped.items()]
+
+
+class AllocateRefused(PermanentError):
+    """The kubelet asked for twins we cannot give; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class TwinView:
+    """What Allocate needs to know about one twin."""
+
+    real: DeviceID
+    health: Health
+    owner: Owner | None
+
+
+def allocate_annotations(
+    twin_ids: Sequence[str], lookup: Callable[[str], TwinView | None], *, gpu_resource: ResourceName
+) -> dict[str, str]:
+    """The annotations of one ContainerAllocateResponse for ``twin_ids``.
+
+    Every twin must be one we serve, Healthy, and held by a container (an owner or a
+    ShadowPod); IDLE_SPACE devices have no source container to sync from (the scheduler lends
+    an unallocated GPU through a ShadowPod). Raises :class:`AllocateRefused` naming the twin.
+    """
+    if not twin_ids:
+        raise AllocateRefused("Allocate request names no device")
+    by_owner: dict[ContainerRef, list[DeviceID]] = {}
+    for twin in twin_ids:
+        view = lookup(twin)
+        if view is None:
+            raise AllocateRefused(f"device {twin!r} is not a twin this plugin serves")
+        if view.health is not Health.HEALTHY:
+            raise AllocateRefused(f"twin {twin!r} is {view.health.value}: its GPU's owner is using it")
+        if not isinstance(view.owner, ContainerRef):
+            raise AllocateRefused(
+                f"twin {twin!r}: real device {view.real!r} is not held by any container (no ShadowPod yet); "
+                "nothing to sync it from"
+            )
+        reals = by_owner.setdefault(view.owner, [])
+        if view.real not in reals:  # two replicas of one GPU sync it once
+            reals.append(view.real)
+    sources = [
+        SyncSource(SyncKind.CONTAINER, owner, ((gpu_resource, tuple(devs)),)) for owner, devs in by_owner.items()
+    ]
+    return {devices_from_key(): format_devices_from(DevicesFrom.of(sources))}
+
+
+def node_state_annotation(
+    devices: Sequence[GpuDevice],
+    snapshot: MappingSnapshot,
+    lend_states: Mapping[ContainerRef, LendState],
+    health: Mapping[DeviceID, Health],
+    shadow_owners: frozenset[ContainerRef] = frozenset(),
+) -> str:
+    """JSON for :data:`~spotgpu.core.keys.NODE_SPOT_GPU_STATE`: per real device, its owner,
+    the owner's state, the twin's health and the number of spot users (sorted keys)."""
+    index = device_index(snapshot)
+    out: dict[str, dict[str, object]] = {}
+    for device in devices:
+        owner, users = index.get(device.id, (IDLE_SPACE, ()))
+        if owner is IDLE_SPACE:
+            state = OwnerState.UNALLOCATED
+        elif isinstance(owner, ContainerRef) and owner in shadow_owners:
+            state = OwnerState.IDLE
+        else:
+            assert isinstance(owner, ContainerRef)
+            state = lend_states.get(owner, LendState.ACTIVE).owner_state
+        out[device.id] = {
+            "owner": owner.format(),
+            "state": state.value,
+            "health": health.get(device.id, Health.UNHEALTHY).value,
+            "users": len(users),
+        }
+    return json.dumps(out, sort_keys=True, separators=(",", ":"))
+
+
+def twin_ids(devices: Sequence[GpuDevice], replicas: int = 1) -> dict[DeviceID, DeviceID]:
+    """``{twin: real}`` for every device whose twin IDs fit the kubelet's limit.
+
+    ``replicas`` 1: one twin ``spot-X`` per GPU. More: ``spot-X::0`` .. ``spot-X::<replicas-1>``
+    (shared spot: the kubelet hands each replica to one container, so that many containers can
+    share the GPU; the runtime's twin rule accepts either form).
+    """
+    result: dict[DeviceID, DeviceID] = {}
+    for device in devices:
+        try:
+            twin = to_spot_id(device.id)
+            names = [twin] if replicas == 1 else [validate_device_id(f"{twin}::{k}") for k in range(replicas)]
+        except DeviceIDError:
+            continue
+        for name in names:
+            result[name] = device.id
+    return result
+
+
+__all__ = [
+    "AllocateRefused",
+    "EvictionPlan",
+    "LendPlan",
+    "LendState",
+    "MappingBuild",
+    "TwinView",
+    "Victim",
+    "Violation",
+    "allocate_annotations",
+    "build_mapping",
+    "device_index",
+    "find_violations",
+    "node_state_annotation",
+    "owners_of",
+    "plan_eviction",
+    "real_of_twin",
+    "runtime_container_ids",
+    "twin_health",
+    "twin_ids",
+    "victim_container_ids",
+]

@@ -1,0 +1,518 @@
+"""The agent process: wires the solver to the device plugin, the detector loop, the pod
+watch, the guard, spotgpu-runtime's service, metrics and the state dump.
+
+Decides nothing itself (decisions: :mod:`spotgpu.agent.model`, :mod:`spotgpu.agent.detect`,
+:class:`~spotgpu.core.lending.LowpowerDetector`; execution: :mod:`spotgpu.agent.solver`).
+Side effects: threads (detection loop, pod watch), the device plugin's gRPC server, the
+runtime service's unix socket, the metrics HTTP server (``/metrics``, ``/debug/state``), the
+owner record file of the runtime's ``local`` fallback, and calls through the ports it is given.
+
+Start order (:meth:`Agent.start`):
+
+1. the guard starts and gets up to a second to attach to its fd holder (so ``available`` is
+   known and recovery can re-arm lent owners with their notify fds in hand);
+2. GPU inventory from the backend; the twins are published Unhealthy until proven otherwise;
+3. recovery: pods on this node (Kubernetes API), device assignments (kubelet pod-resources
+   ``List``) and containers (containerd) rebuild the MappingCache; owners whose GPUs carry spot
+   users, or that the lending record names, are taken as lent (guard re-armed); spot users on
+   any other owner's GPU, and spot pods being deleted, are evicted; then one detection round
+   runs at once, so a lent owner that came back while the agent was down is evicted before
+   anything else happens;
+4. spotgpu-runtime's service starts (owners are known now, so its owner checks are right);
+5. the device plugin serves and registers (twin health is now right);
+6. the pod watch and the detection loop start; ``/metrics`` and ``/debug/state`` are served.
+
+:meth:`Agent.stop` stops the loops, the device plugin (socket removed), the runtime service,
+the guard and the metrics server. It neither disarms nor evicts: lent GPUs stay lent and spot
+work keeps running. While no agent runs, the guard's fd holder answers every caught call at
+once (it lets a returning owner through; it does not hold it) and nothing evicts, so an owner
+that comes back then may see spot work on its GPUs until the next agent starts: that start's
+recovery re-arms every lent owner and its immediate detection round evicts the spot users of
+any owner whose processes are back on its GPUs (polling covers owners that return later).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spotgpu.adapters.agent_metrics import AgentMetrics
+from spotgpu.adapters.deviceplugin import DevicePluginServer, TwinDevice
+from spotgpu.adapters.procattr import CgroupIdentity, ContainerRefPoint, ProcessAttributor
+from spotgpu.adapters.reaper import kill_and_wait
+from spotgpu.agent.detect import WatchedOwner, owner_samples, pids_on
+from spotgpu.agent.model import victim_container_ids
+from spotgpu.agent.node_ports import (
+    GpuBackend,
+    GpuDevice,
+    LendStore,
+    PidAttributor,
+    PodResourcesPort,
+    RuntimeContainer,
+    TaskPort,
+    UtilizationReader,
+)
+from spotgpu.agent.ports import GuardPort, KubePort, PodEvent, PodEventType, PodInfo
+from spotgpu.agent.solver import EvictionOutcome, Solver, SolverSettings
+from spotgpu.core.clock import Clock, SystemClock
+from spotgpu.core.config import AgentConfig
+from spotgpu.core.errors import SpotgpuError
+from spotgpu.core.ids import DeviceID, NodeName
+from spotgpu.core.lending import LendingEvent
+from spotgpu.core.mapping_cache import DeviceEntry, MappingSnapshot, Owner, OwnerEntry
+from spotgpu.core.refs import ContainerRef, PodRef
+from spotgpu.core.types import Health
+from spotgpu.runtime.ownerstate import write_owner_state
+from spotgpu.runtime.service import RuntimeService
+
+log = logging.getLogger(__name__)
+
+
+RUNTIME_LIST_INTERVAL = 30.0
+"""Seconds between containerd container listings (the pod watch reports container IDs live)."""
+
+
+REF_RETRY_INTERVAL = 5.0
+"""Seconds before asking containerd again for the init PID of an owner container not running."""
+
+FRESH_READ_TIMEOUT = 0.5
+"""Seconds an owner-back eviction waits for its fresh pod-resources read; a kubelet that is slower
+does not hold the owner: the eviction plans from the cache (at most one refresh old) instead."""
+
+GUARD_ATTACH_WAIT = 1.0
+"""Seconds :meth:`Agent.start` waits for the guard to attach to its fd holder before recovery."""
+
+RECENT_EVICTIONS = 64
+"""Evictions kept for ``/debug/state``."""
+
+RuntimeServiceFactory = Callable[["Agent"], RuntimeService]
+"""Builds spotgpu-runtime's service around the agent's lookups (:meth:`Agent.owner_of`,
+:meth:`Agent.lendable`)."""
+
+
+class BackendUtilization:
+    """Utilization straight from the GPU backend (NVML): the direct alternative to exporters."""
+
+    def __init__(self, backend: GpuBackend) -> None:
+        self.backend = backend
+        self.name = backend.name
+
+    def read(self, devices: Sequence[GpuDevice]) -> Mapping[DeviceID, float | None]:
+        return self.backend.utilization()
+
+
+@dataclass(frozen=True, slots=True)
+class CycleReport:
+    """What one detection cycle did (for tests and the benchmark)."""
+
+    events: tuple[LendingEvent, ...]
+    cpu_seconds: float
+    wall_seconds: float
+
+
+def _resolved(point: Any) -> bool:
+    """A reference point that knows more than the container ID (init PID was found)."""
+    return not isinstance(point, ContainerRefPoint) or point.cgroup_path is not None or point.pid_ns is not None
+
+
+class Agent:
+    """The node agent (see module docstring)."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        node: NodeName,
+        kube: KubePort,
+        backend: GpuBackend,
+        tasks: TaskPort,
+        pod_resources: PodResourcesPort,
+        guard: GuardPort | None = None,
+        guard_factory: Callable[[Callable[[ContainerRef], None]], GuardPort] | None = None,
+        utilization: UtilizationReader | None = None,
+        clock: Clock | None = None,
+        metrics: AgentMetrics | None = None,
+        serve_device_plugin: bool = True,
+        attributor: PidAttributor | None = None,
+        runtime_service: RuntimeServiceFactory | None = None,
+        owner_record: Path | None = None,
+        store: LendStore | None = None,
+    ) -> None:
+        self.config = config
+        self.node = node
+        self.kube = kube
+        self.backend = backend
+        self.tasks = tasks
+        self.pod_resources = pod_resources
+        self.clock = clock or SystemClock()
+        self.metrics = metrics or AgentMetrics()
+        self.utilization = utilization or BackendUtilization(backend)
+        self.attributor: PidAttributor = attributor or ProcessAttributor()
+        self.plugin: DevicePluginServer | None = None
+        if serve_device_plugin:
+            self.plugin = DevicePluginServer(
+                config.device_plugin_dir, config.spot_resource, self._allocate, socket_name=config.plugin_socket_name
+            )
+        if guard is None and guard_factory is not None:
+            guard = guard_factory(self.on_owner_back)
+        self.guard = guard
+        self.solver = Solver(
+            SolverSettings(
+                node=node,
+                gpu_resource=config.gpu_resource,
+                spot_resource=config.spot_resource,
+                max_inactive_time=config.max_inactive_time,
+                sigterm_grace=config.sigterm_grace,
+                stop_timeout=config.eviction_timeout,
+                twin_replicas=config.twin_replicas,
+            ),
+            kube=kube,
+            tasks=tasks,
+            guard=guard,
+            publish=self._publish,
+            metrics=self.metrics,
+            clock=self.clock,
+            store=store,
+        )
+        self.solver.refresh_hook = self._refresh_for_allocate
+        self.solver.fresh_allocations = lambda: pod_resources.list(timeout=FRESH_READ_TIMEOUT)
+        self.solver.sweep = self._sweep
+        self.solver.on_eviction = self._record_eviction
+        self._runtime_factory = runtime_service
+        self.runtime_service: RuntimeService | None = None
+        self.owner_record = owner_record
+        """Where the runtime's ``local`` fallback reads owners (None: no fallback, no file)."""
+        self._owner_record_written: MappingSnapshot | None = None
+        self._recovered = False
+        self._evictions: deque[dict[str, Any]] = deque(maxlen=RECENT_EVICTIONS)
+        self._evictions_lock = threading.Lock()
+        self._pods: dict[PodRef, PodInfo] = {}
+        self._pods_lock = threading.Lock()
+        self._refs: dict[str, Any] = {}
+        self._ref_retry: dict[str, float] = {}
+        self.ref_retry_interval = REF_RETRY_INTERVAL
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._reconcile_lock = threading.Lock()
+        self._runtime_at = -RUNTIME_LIST_INTERVAL
+        self.metrics_port: int | None = None
+
+    # -- wiring ------------------------------------------------------------------------------
+    def _publish(self, twins: Sequence[tuple[DeviceID, Health, int | None]]) -> None:
+        if self.plugin is not None:
+            self.plugin.set_devices([TwinDevice(t, h, n) for t, h, n in twins])
+
+    def _allocate(self, twins: Sequence[str]) -> dict[str, str]:
+        return self.solver.allocate(twins)
+
+    def _refresh_for_allocate(self) -> None:
+        self.reconcile()
+
+    def on_owner_back(self, owner: ContainerRef) -> None:
+        """The guard's :data:`~spotgpu.agent.ports.OwnerBackHandler`: evict at once, on the guard's thread."""
+        try:
+            self.solver.owner_back(owner)
+        except Exception:
+            log.exception("handling the guard's owner-back signal for %s failed", owner)
+
+    def _sweep(self, devices: Sequence[DeviceID], pods: Sequence[PodRef]) -> tuple[int, int]:
+        """Kill the processes on ``devices`` that belong to ``pods`` (by the pod UID or a known
+        container ID in their cgroup); returns (killed, still running at the deadline)."""
+        with self._pods_lock:
+            infos = [self._pods[p] for p in pods if p in self._pods]
+        uids = {i.uid for i in infos if i.uid}
+        cids = {c.container_id for i in infos for c in i.containers if c.container_id}
+        try:
+            processes = self.backend.processes()
+        except SpotgpuError as exc:
+            log.warning("sweep: GPU process list failed: %s", exc)
+            return 0, 0
+        candidates = {p.pid for d in devices for p in processes.get(d, ())}
+
+        def owner(identity: CgroupIdentity) -> str | None:
+            if identity.container_id is not None and identity.container_id in cids:
+                return identity.container_id
+            return identity.pod_uid if identity.pod_uid in uids else None
+
+        reaped = kill_and_wait(candidates, owner, time.monotonic() + self.config.eviction_timeout)
+        return sum(map(len, reaped.killed.values())), sum(map(len, reaped.alive.values()))
+
+    def owner_of(self, device: str) -> Owner | None:
+        """Who owns real ``device`` (for spotgpu-runtime's check that a sync source is the owner)."""
+        return self.solver.owner_of(device)
+
+    def lendable(self, device: str) -> bool | None:
+        """Whether real ``device`` may go to spot work now (spotgpu-runtime's lend rule)."""
+        return self.solver.lendable(device)
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def start(self, *, serve_metrics: bool = True, loops: bool = True) -> None:
+        """Start everything in the order of the module docstring."""
+        self._stop.clear()
+        self._start_guard()
+        self.solver.set_devices(self.backend.devices())
+        for pod in self.kube.list_node_pods(self.node):
+            self._pods[pod.ref] = pod
+        self.recover()
+        if self._runtime_factory is not None:
+            self.runtime_service = self._runtime_factory(self)
+            self.runtime_service.start()
+            engine = self.runtime_service.engine
+            self.metrics.watch_runtime(engine.counts)
+        if self.plugin is not None:
+            self.plugin.start()
+        if serve_metrics:
+            self.metrics_port = self.metrics.serve(self.config.metrics_address, state=self.debug_state)
+        if loops:
+            self._spawn("pod-watch", self._watch_pods)
+            self._spawn("detect", self._detect_loop)
+
+    def _start_guard(self) -> None:
+        guard_start = getattr(self.guard, "start", None)
+        if guard_start is None:
+            return
+        guard_start()
+        wait_until = getattr(self.guard, "wait_until", None)
+        available = self.guard is not None and self.guard.available
+        if available and wait_until is not None:
+            attached = wait_until(lambda g: bool(getattr(g, "attached", True)), GUARD_ATTACH_WAIT)
+            if not attached:
+                log.warning(
+                    "guard: not attached to its fd holder after %.1fs; lent owners are re-armed anyway "
+                    "and covered once it attaches",
+                    GUARD_ATTACH_WAIT,
+                )
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=f"agent-{name}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        self._threads.clear()
+        if self.plugin is not None:
+            self.plugin.stop()
+        if self.runtime_service is not None:
+            self.runtime_service.stop()
+            self.runtime_service = None
+        if guard_stop := getattr(self.guard, "stop", None):
+            guard_stop()
+        self.metrics.close()
+        self.solver.close()
+
+    # -- recovery and reconcile -----------------------------------------------------------------
+    def recover(self) -> list[EvictionOutcome]:
+        """Rebuild state from the node and the cluster, finish evictions under way, then judge
+        every lent owner at once (see module docstring)."""
+        outcomes = self.reconcile(recovering=True)
+        with self._pods_lock:
+            deleting = [p for p in self._pods.values() if p.deleting]
+        if deleting:
+            runtime = self._runtime()
+            ids = sorted({c for p in deleting for c in victim_container_ids(p.ref, p, runtime or [])})
+            if ids:
+                log.info("recovery: stopping tasks of %d pod(s) being deleted: %s", len(deleting), ids)
+                self.tasks.stop_tasks(ids, grace=self.config.sigterm_grace, timeout=10.0)
+        self.detect_once(reconcile=False)
+        return outcomes
+
+    def _runtime(self) -> list[RuntimeContainer] | None:
+        try:
+            return self.tasks.list_containers()
+        except SpotgpuError as exc:
+            self.metrics.detector_errors.labels(kind="runtime_list").inc()
+            log.warning("listing containers failed: %s", exc)
+            return None
+
+    def reconcile(self, recovering: bool = False) -> list[EvictionOutcome]:
+        """Re-read the node's view and refresh the solver. Until one refresh succeeded, every
+        refresh is a recovering one (a pod-resources outage at start must not skip recovery)."""
+        with self._reconcile_lock:
+            try:
+                allocations = self.pod_resources.list()
+            except SpotgpuError as exc:
+                self.metrics.detector_errors.labels(kind="pod_resources").inc()
+                log.warning("pod-resources List failed; keeping the previous mapping: %s", exc)
+                return []
+            recovering = recovering or not self._recovered
+            with self._pods_lock:
+                pods = dict(self._pods)
+            runtime = None
+            now = time.monotonic()
+            if recovering or now - self._runtime_at >= RUNTIME_LIST_INTERVAL:
+                runtime = self._runtime()  # container IDs by CRI labels: a fallback to the API's
+                self._runtime_at = now
+            outcomes = self.solver.refresh(allocations, pods, runtime, recovering=recovering)
+            self._recovered = True
+            self._write_owner_record()
+            return outcomes
+
+    def _write_owner_record(self) -> None:
+        """Keep the runtime fallback's owner record in step with the MappingCache's owners."""
+        if self.owner_record is None:
+            return
+        snapshot = self.solver.mapping.snapshot()
+        owners = MappingSnapshot(
+            tuple(OwnerEntry(e.owner, tuple(DeviceEntry(d.device, ()) for d in e.devices)) for e in snapshot.owners)
+        )  # users change all the time and the runtime needs owners only
+        if owners == self._owner_record_written:
+            return
+        try:
+            write_owner_state(self.owner_record, owners)
+        except OSError as exc:
+            self.metrics.detector_errors.labels(kind="owner_record").inc()
+            log.warning("writing the runtime's owner record %s failed: %s", self.owner_record, exc)
+            return
+        self._owner_record_written = owners
+
+    def _watch_pods(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.kube.watch_node_pods(self.node, self.on_pod_event, self._stop.is_set)
+            except Exception as exc:
+                log.warning("pod watch ended (%s); restarting", exc)
+                self._stop.wait(1.0)
+
+    def on_pod_event(self, event: PodEvent) -> None:
+        """The pod watch's handler (public so a harness without a watch can feed events)."""
+        with self._pods_lock:
+            if event.type is PodEventType.DELETED:
+                self._pods.pop(event.pod.ref, None)
+            else:
+                self._pods[event.pod.ref] = event.pod
+
+    # -- detection ---------------------------------------------------------------------------------
+    def _detect_loop(self) -> None:
+        interval = self.config.detect_interval
+        next_at = time.monotonic() + interval
+        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+            next_at += interval
+            if next_at < time.monotonic():
+                next_at = time.monotonic() + interval
+            try:
+                self.detect_once()
+            except Exception:
+                self.metrics.detector_errors.labels(kind="cycle").inc()
+                log.exception("detection cycle failed")
+
+    def _ref_points(self, owners: list[WatchedOwner]) -> dict[str, Any]:
+        wanted = {o.container_id for o in owners if o.container_id}
+        for cid in [c for c in self._refs if c not in wanted]:
+            del self._refs[cid]
+            self._ref_retry.pop(cid, None)
+        now = time.monotonic()
+        for cid in wanted:
+            point = self._refs.get(cid)
+            retry_at = self._ref_retry.get(cid, 0.0)
+            if point is None or (not _resolved(point) and now >= retry_at):
+                try:
+                    pid = self.tasks.init_pid(cid)
+                except SpotgpuError:
+                    pid = None
+                self._refs[cid] = point = self.attributor.reference(cid, pid)
+                if not _resolved(point):
+                    self._ref_retry[cid] = now + self.ref_retry_interval  # not running yet: ask again later
+                else:
+                    self._ref_retry.pop(cid, None)
+        return {cid: self._refs[cid] for cid in wanted}
+
+    def detect_once(self, *, reconcile: bool = True) -> CycleReport:
+        """One detection cycle: refresh the mapping, measure, judge every owner, act."""
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        devices = self.solver.devices()
+        try:
+            devices_now = self.backend.devices()
+            if devices_now != devices:
+                self.solver.set_devices(devices_now)
+                devices = devices_now
+        except SpotgpuError as exc:
+            self.metrics.detector_errors.labels(kind="inventory").inc()
+            log.warning("GPU inventory failed: %s", exc)
+        if reconcile:
+            self.reconcile()
+        gpu_pids: dict[DeviceID, list[int]] | None
+        try:
+            gpu_pids = {d: [p.pid for p in procs] for d, procs in self.backend.processes().items()}
+        except SpotgpuError as exc:
+            self.metrics.detector_errors.labels(kind="processes").inc()
+            log.warning("GPU process list failed (owners count as active): %s", exc)
+            gpu_pids = None
+        try:
+            utilization: Mapping[DeviceID, float | None] | None = self.utilization.read(devices)
+        except SpotgpuError as exc:
+            self.metrics.collector_error(self.utilization.name, "read")
+            log.warning("utilization read failed (owners not lent count as active): %s", exc)
+            utilization = None
+        owners = self.solver.watched_owners()
+        pid_container: dict[int, str] = {}
+        if gpu_pids is not None:
+            candidates = set().union(*(pids_on(o.devices, gpu_pids) for o in owners)) if owners else set()
+            if candidates:
+                pid_container = self.attributor.attribute(sorted(candidates), self._ref_points(owners))
+        samples = owner_samples(self.clock.monotonic(), owners, utilization, gpu_pids, pid_container)
+        events = self.solver.observe(samples)
+        self.solver.account()
+        self.solver.annotate()
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        self.metrics.detect_cycle_seconds.observe(wall)
+        return CycleReport(tuple(events), cpu, wall)
+
+    # -- state dump ----------------------------------------------------------------------------------
+    def _record_eviction(self, outcome: EvictionOutcome) -> None:
+        plan = outcome.plan
+        entry = {
+            "owner": plan.owner.format(),
+            "reason": plan.reason.value,
+            "devices": list(plan.devices),
+            "victims": [v.pod.format() for v in plan.victims],
+            "containers": list(plan.container_ids),
+            "at": plan.at,
+            "tasks_stopped_ms": round(outcome.stop_latency * 1000, 3),
+            "released_ms": None if outcome.released_at is None else round((outcome.released_at - plan.at) * 1000, 3),
+            "complete_ms": round((outcome.completed_at - plan.at) * 1000, 3),
+            "failed_tasks": list(outcome.failed_tasks),
+            "undeleted_pods": [p.format() for p in outcome.undeleted_pods],
+        }
+        with self._evictions_lock:
+            self._evictions.append(entry)
+
+    def debug_state(self) -> dict[str, Any]:
+        """What the agent believes now, as JSON data (served on ``/debug/state``): the
+        MappingCache, each owner's lending state, each twin's health, the guard, the runtime
+        service's answers and the recent evictions (monotonic times)."""
+        state = self.solver.state()
+        guard: dict[str, Any] | None = None
+        if self.guard is not None:
+            covers = getattr(self.guard, "covers", None)
+            guard = {
+                "available": self.guard.available,
+                "attached": bool(getattr(self.guard, "attached", False)),
+                "armed": sorted(o.format() for o in state.lend_states if self.guard.is_armed(o)),
+                "covers": sorted(o.format() for o in state.lend_states if covers is not None and covers(o)),
+            }
+        service = self.runtime_service
+        with self._evictions_lock:
+            evictions = list(self._evictions)
+        return {
+            "node": self.node,
+            "recovered": self._recovered,
+            "mapping": self.solver.mapping.snapshot().to_json(),
+            "owners": {o.format(): s.value for o, s in sorted(state.lend_states.items())},
+            "twins": {t: h.value for t, h in sorted(self.solver.twin_health().items())},
+            "guard": guard,
+            "runtime": service.engine.counts() if service is not None else None,
+            "evictions": evictions,
+            "monotonic": self.clock.monotonic(),
+        }
+
+
+__all__ = ["Agent", "BackendUtilization", "CycleReport", "RuntimeServiceFactory"]

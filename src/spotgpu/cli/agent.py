@@ -1,0 +1,119 @@
+"""``spotgpu agent --config FILE``: run the node agent until SIGTERM/SIGINT.
+
+Side effects: everything the agent does (device plugin socket, spotgpu-runtime's service
+socket, the guard, metrics port, containerd and Kubernetes API calls). The configuration is the
+``agent`` section of FILE (:class:`~spotgpu.core.config.AgentConfig`) and its ``runtime``
+section (:class:`~spotgpu.runtime.config.RuntimeConfig`, defaults when absent) for the
+runtime service the agent hosts; ``--check`` validates both and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from spotgpu.agent.ports import GuardPort
+from spotgpu.core.config import AgentConfig, ConfigError, load_yaml_file
+from spotgpu.core.errors import SpotgpuError
+from spotgpu.core.ids import NodeName
+from spotgpu.core.refs import ContainerRef
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+log = logging.getLogger("spotgpu.agent")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, required=True, help="YAML file with an 'agent' section")
+    parser.add_argument("--node", help="node name (default: agent.nodeName, then $NODE_NAME)")
+    parser.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    parser.add_argument("--check", action="store_true", help="validate the configuration and exit")
+
+
+def guard_factory(
+    config: AgentConfig, registry: CollectorRegistry | None = None
+) -> Callable[[Callable[[ContainerRef], None]], GuardPort] | None:
+    """The return guard's service, when enabled and installed (spotgpu.guard.service.GuardService),
+    with its metrics in ``registry`` (the agent's, so they appear on the agent's ``/metrics``)."""
+    if not config.guard.enabled:
+        log.info("return guard disabled by configuration: return detection by polling only")
+        return None
+    try:
+        module = importlib.import_module("spotgpu.guard.service")
+        service = module.GuardService
+    except (ImportError, AttributeError) as exc:
+        log.warning("return guard not available (%s): return detection by polling only", exc)
+        return None
+
+    def make(handler: Callable[[ContainerRef], None]) -> GuardPort:
+        guard: GuardPort = service(config.guard, handler, registry=registry)
+        return guard
+
+    return make
+
+
+def run(args: argparse.Namespace) -> int:
+    from spotgpu.runtime.config import load_runtime_config
+
+    try:
+        config = load_yaml_file(args.config, AgentConfig, section="agent")
+        runtime = load_runtime_config(args.config)
+    except ConfigError as exc:
+        print(f"spotgpu agent: {exc}", file=sys.stderr)
+        return 2
+    node = args.node or config.node_name or os.environ.get("NODE_NAME", "")
+    if not node:
+        print("spotgpu agent: no node name: set agent.nodeName, --node or $NODE_NAME", file=sys.stderr)
+        return 2
+    if args.check:
+        print(f"configuration OK for node {node}")
+        return 0
+    from spotgpu.adapters.agent_metrics import AgentMetrics
+    from spotgpu.agent.build import build_agent
+    from spotgpu.kube.agent_port import KubeAgentPort
+    from spotgpu.kube.client import connect
+
+    metrics = AgentMetrics()
+    try:
+        kube = KubeAgentPort(connect(kubeconfig=args.kubeconfig))
+        agent = build_agent(
+            config,
+            node=NodeName(node),
+            kube=kube,
+            guard_factory=guard_factory(config, metrics.registry),
+            runtime=runtime,
+            metrics=metrics,
+        )
+    except SpotgpuError as exc:
+        print(f"spotgpu agent: cannot start: {exc}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        agent.start()
+    except (SpotgpuError, OSError) as exc:
+        log.error("cannot start: %s", exc)
+        agent.stop()
+        return 1
+    log.info("agent running on node %s (metrics on port %s)", node, agent.metrics_port)
+    try:
+        stop.wait()
+    finally:
+        agent.stop()
+    return 0

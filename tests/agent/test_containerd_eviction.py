@@ -1,0 +1,269 @@
+"""Eviction through a REAL containerd (private root, state and socket under tmp_path) running
+busybox tasks, with stand-in GPUs (character devices with /dev/null's numbers) that the
+containers hold open, found by the device-node backend through /proc/*/fd and attributed to
+containers through real /proc/<pid>/cgroup and /proc/<pid>/ns/pid. The Kubernetes API, the
+kubelet's pod-resources and the guard are in-memory fakes here (other modules cover them)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from spotgpu.adapters.agent_metrics import AgentMetrics
+from spotgpu.adapters.containerd import ContainerdTasks
+from spotgpu.adapters.devnode_gpu import DeviceNode, DeviceNodeBackend
+from spotgpu.agent.fakes import FakeGuard, FakeKube, FakePodResources
+from spotgpu.agent.model import LendState
+from spotgpu.agent.node_ports import TaskState
+from spotgpu.agent.ports import PodInfo
+from spotgpu.agent.service import Agent
+from spotgpu.core.clock import ManualClock
+from spotgpu.core.config import AgentConfig, Seconds
+from spotgpu.core.ids import DeviceID
+from spotgpu.core.refs import PodRef
+from spotgpu.e2e.node import remove_cgroup_tree
+from spotgpu.testing.containerd import Containerd, make_rootfs
+
+from .helpers import NODE, OWNER, cri_labels, gpu_alloc, pod, spot_alloc
+
+pytestmark = pytest.mark.root
+NS = "spotgpu-agent-test"
+
+
+@dataclass
+class Node:
+    containerd: Containerd
+    rootfs: Path
+    gpus: list[Path]
+    tasks: ContainerdTasks
+
+    def run(self, cid: str, script: str, pod_ref: PodRef, container: str = "worker") -> None:
+        self.containerd.run_detached(
+            cid,
+            self.rootfs,
+            ["sh", "-c", script],
+            namespace=NS,
+            labels=cri_labels(pod_ref, container),
+            devices=[str(g) for g in self.gpus],
+        )
+
+    def status(self, cid: str) -> str | None:
+        return self.tasks.task_status(cid)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    gpus = []
+    (tmp_path / "dev").mkdir()
+    for i in range(2):
+        path = tmp_path / "dev" / f"nvidia{i}"
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        gpus.append(path)
+    rootfs = make_rootfs(tmp_path / "rootfs")
+    with Containerd(tmp_path / "ctrd") as containerd:
+        tasks = ContainerdTasks(containerd.address, NS)
+        try:
+            yield Node(containerd, rootfs, gpus, tasks)
+        finally:
+            tasks.close()
+            containerd.remove_all(NS)
+
+
+def hold(gpu: Path, then: str = "exec sleep 1000") -> str:
+    """A shell script that opens the stand-in GPU as fd 3 (inherited by what it execs)."""
+    return f"exec 3<>{gpu}; {then}"
+
+
+def wait_holders(backend: DeviceNodeBackend, device: str, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while len(backend.processes()[DeviceID(device)]) < count:
+        assert time.monotonic() < deadline, f"{count} processes never held {device}"
+        time.sleep(0.02)
+
+
+def test_stop_tasks_sigkill_and_wait(node: Node) -> None:
+    for i in range(3):
+        node.run(f"victim-{i}", "exec sleep 1000", PodRef("spot", f"v{i}"))
+    results = node.tasks.stop_tasks(["victim-0", "victim-1", "victim-2", "no-such"], grace=0, timeout=10)
+    by_id = {r.container_id: r for r in results}
+    for i in range(3):
+        assert by_id[f"victim-{i}"].state is TaskState.STOPPED
+        assert by_id[f"victim-{i}"].exit_status == 137  # 128 + SIGKILL
+        assert node.status(f"victim-{i}") == "STOPPED"
+    assert by_id["no-such"].state is TaskState.GONE
+    again = node.tasks.stop_tasks(["victim-0"], grace=0, timeout=5)  # idempotent
+    assert again[0].state is TaskState.STOPPED
+
+
+def test_sigterm_grace_then_sigkill(node: Node) -> None:
+    node.run("polite", "trap 'exit 3' TERM; while true; do sleep 0.05; done", PodRef("spot", "polite"))
+    node.run("stubborn", "exec sleep 1000", PodRef("spot", "stubborn"))  # PID 1 ignores SIGTERM
+    time.sleep(0.3)  # let the shell install its trap
+    start = time.monotonic()
+    results = {r.container_id: r for r in node.tasks.stop_tasks(["polite", "stubborn"], grace=1.0, timeout=10)}
+    elapsed = time.monotonic() - start
+    assert results["polite"].exit_status == 3 and results["polite"].signal_sent == 15
+    assert results["stubborn"].exit_status == 137 and results["stubborn"].signal_sent == 9
+    assert 0.9 <= elapsed < 8
+
+
+def make_agent(tmp_path: Path, node: Node, kube: FakeKube, podres: FakePodResources, guard: FakeGuard) -> Agent:
+    backend = DeviceNodeBackend([DeviceNode(DeviceID(f"GPU-{i}"), str(p), i, 0) for i, p in enumerate(node.gpus)])
+    config = AgentConfig(
+        detect_interval=Seconds(1.0),
+        max_inactive_time=Seconds(30.0),
+        device_plugin_dir=tmp_path / "dp",
+        containerd_namespace=NS,
+    )
+    agent = Agent(
+        config,
+        node=NODE,
+        kube=kube,
+        backend=backend,
+        tasks=node.tasks,
+        pod_resources=podres,
+        guard_factory=lambda handler: setattr(guard, "handler", handler) or guard,
+        clock=ManualClock(start=100.0),
+        metrics=AgentMetrics(),
+        serve_device_plugin=False,
+    )
+    agent.ref_retry_interval = 0.0  # the test starts the owner's container between two cycles
+    return agent
+
+
+def test_owner_back_really_stops_spot_tasks_and_owner_processes_are_attributed(tmp_path: Path, node: Node) -> None:
+    spot_a, spot_b = PodRef("spot", "job-a"), PodRef("spot", "job-b")
+    node.run("spot-a", hold(node.gpus[0]), spot_a)
+    node.run("spot-b", hold(node.gpus[1]), spot_b)
+    kube = FakeKube([pod(OWNER.pod_ref, (("main", "owner"),)), pod(spot_a, (("worker", "spot-a"),)), pod(spot_b, ())])
+    podres = FakePodResources(
+        [
+            gpu_alloc(OWNER, ["GPU-0", "GPU-1"]),
+            spot_alloc(spot_a, "worker", ["GPU-0"]),
+            spot_alloc(spot_b, "worker", ["GPU-1"]),
+        ]
+    )
+    guard = FakeGuard()
+    agent = make_agent(tmp_path, node, kube, podres, guard)
+    agent.start(serve_metrics=False, loops=False)
+    try:
+        # recovery: spot users present -> the owner was lent; the spot processes hold the GPUs
+        assert agent.solver.state().lend_states[OWNER] is LendState.LENT
+        assert isinstance(agent.backend, DeviceNodeBackend)
+        wait_holders(agent.backend, "GPU-0", 1)
+        wait_holders(agent.backend, "GPU-1", 1)
+        agent.detect_once()
+        assert agent.solver.state().lend_states[OWNER] is LendState.LENT  # spot processes are not the owner's
+        # the owner container starts and opens its GPU: the poll attributes it and evicts
+        node.run("owner", hold(node.gpus[1]), OWNER.pod_ref, "main")
+        wait_holders(agent.backend, "GPU-1", 2)
+        report = agent.detect_once()
+        assert report.events and agent.solver.state().lend_states[OWNER] is LendState.ACTIVE
+        assert node.status("spot-a") == "STOPPED" and node.status("spot-b") == "STOPPED"
+        assert node.status("owner") == "RUNNING"
+        assert {d.pod for d in kube.deletes} == {spot_a, spot_b}
+        assert guard.calls == [("arm", OWNER), ("disarm", OWNER)]
+    finally:
+        agent.stop()
+
+
+def test_guard_signal_evicts_eight_containers_quickly(tmp_path: Path, node: Node) -> None:
+    spots = [PodRef("spot", f"job-{i}") for i in range(8)]
+    for i, ref in enumerate(spots):
+        node.run(f"spot-{i}", hold(node.gpus[i % 2]), ref)
+    kube = FakeKube([pod(OWNER.pod_ref, (("main", "owner"),)), *(pod(r, ()) for r in spots)])
+    podres = FakePodResources(
+        [
+            gpu_alloc(OWNER, ["GPU-0", "GPU-1"]),
+            *(spot_alloc(r, "worker", [f"GPU-{i % 2}"]) for i, r in enumerate(spots)),
+        ]
+    )
+    guard = FakeGuard()
+    agent = make_agent(tmp_path, node, kube, podres, guard)
+    assert isinstance(agent.backend, DeviceNodeBackend)
+    wait_holders(agent.backend, "GPU-0", 4)
+    wait_holders(agent.backend, "GPU-1", 4)
+    agent.start(serve_metrics=False, loops=False)
+    try:
+        assert guard.is_armed(OWNER)
+        outcome = agent.solver.owner_back(OWNER)
+        assert outcome is not None and not outcome.failed_tasks
+        assert sorted(outcome.plan.container_ids) == sorted(f"spot-{i}" for i in range(8))
+        for i in range(8):
+            assert node.status(f"spot-{i}") == "STOPPED"
+        assert not agent.backend.processes()[DeviceID("GPU-0")]
+        assert not guard.is_armed(OWNER)
+        # a generous bound: the benchmark measures the real figure
+        assert outcome.stop_latency < 5.0
+    finally:
+        agent.stop()
+
+
+def test_containerd_down_spot_processes_are_killed_through_proc(node: Node) -> None:
+    """containerd's daemon dies (shims and containers keep running): stop_tasks finds each
+    container's processes by the container ID in their cgroup path and kills them itself."""
+    cids = [hashlib.sha256(uuid.uuid4().bytes).hexdigest() for _ in range(2)]  # CRI-style 64-hex IDs
+    for i, cid in enumerate(cids):
+        node.run(cid, hold(node.gpus[i]), PodRef("spot", f"v{i}"))
+    pids = [wait_pid(node, cid) for cid in cids]
+    node.containerd.pause()
+    try:
+        results = {r.container_id: r for r in node.tasks.stop_tasks(cids, grace=0.0, timeout=10)}
+    finally:
+        node.containerd.start()  # so the fixture can delete the containers (runc's state is global)
+    assert {r.state for r in results.values()} == {TaskState.STOPPED}
+    assert all("SIGKILLed directly" in r.detail for r in results.values())
+    for pid in pids:
+        assert not Path(f"/proc/{pid}/fd").exists() or not os.listdir(f"/proc/{pid}/fd")
+
+
+def test_containerd_down_and_ids_unknown_the_sweep_finds_the_pods_gpu_processes(tmp_path: Path, node: Node) -> None:
+    """The worst case of a return: containerd is down and the spot container started after the
+    agent last listed containers, with no ID in the API yet. The agent finds the spot pod's
+    processes on the owner's GPUs by the pod UID in their (kubelet-style) cgroup path and kills
+    them before it releases the owner."""
+    uid = str(uuid.uuid4())
+    cid = hashlib.sha256(uid.encode()).hexdigest()
+    spot = PodRef("spot", "unseen")
+    group = f"spotgpu-test-{uid[:8]}"
+    kube = FakeKube([pod(OWNER.pod_ref, (("main", "owner"),)), PodInfo(spot, uid, NODE, "Running")])
+    podres = FakePodResources([gpu_alloc(OWNER, ["GPU-0", "GPU-1"]), spot_alloc(spot, "worker", ["GPU-0"])])
+    guard = FakeGuard()
+    agent = make_agent(tmp_path, node, kube, podres, guard)
+    assert isinstance(agent.backend, DeviceNodeBackend)
+    agent.start(serve_metrics=False, loops=False)  # recovery lists containerd before the container exists
+    try:
+        node.containerd.run_detached(
+            cid, node.rootfs, ["sh", "-c", hold(node.gpus[0])], namespace=NS, labels=cri_labels(spot, "worker"),
+            devices=[str(g) for g in node.gpus], extra=["--cgroup", f"/{group}/pod{uid}/{cid}"],
+        )  # fmt: skip
+        pid = wait_pid(node, cid)
+        wait_holders(agent.backend, "GPU-0", 1)
+        node.containerd.pause()
+        outcome = agent.solver.owner_back(OWNER)
+        assert outcome is not None and outcome.plan.container_ids == ()  # nobody knew its ID
+        assert not agent.backend.processes()[DeviceID("GPU-0")]  # cleared before the release
+        assert not Path(f"/proc/{pid}/fd").exists() or not os.listdir(f"/proc/{pid}/fd")
+        assert guard.calls[-1] == ("disarm", OWNER)
+    finally:
+        agent.stop()
+        if not node.containerd.running:
+            node.containerd.start()  # so the fixture can delete the container (runc's state is global)
+        node.containerd.remove_all(NS)
+        remove_cgroup_tree(group)
+
+
+def wait_pid(node: Node, cid: str) -> int:
+    deadline = time.monotonic() + 10
+    while (pid := node.tasks.init_pid(cid)) is None:
+        assert time.monotonic() < deadline, f"{cid} never ran"
+        time.sleep(0.02)
+    return pid
