@@ -1,0 +1,269 @@
+"""Device sync: which real devices a spot container gets, and whether the kubelet granted them.
+
+Pure decision code; the only inputs are the parsed ``container-devices-from`` request, the
+target container, the kubelet's device view and the agent's owner record, all passed in
+(through a :class:`~spotgpu.runtime.lookup.NodeLookup`); the result is a :class:`SyncPlan`
+or a :class:`SyncRefused` naming the reason. No I/O happens here beyond those lookups.
+
+Resolution: each source of the request is resolved by its provider
+(:mod:`spotgpu.runtime.providers`: ContainerSync, PodSync, Direct) into concrete devices;
+the results are merged (a device named by two different sources is refused).
+
+Authorization (the security rule; every check must pass, else the container is not created):
+
+1. The target is a Kubernetes container whose namespace, pod and container name the CRI
+   annotations give (containers outside Kubernetes cannot prove a grant).
+2. A source outside the target's namespace must be in ``cross_namespace_sources``.
+3. The source must hold the named devices now (pod-resources); an empty list means "all it
+   holds of that resource", and holding none of it is refused.
+4. Twin rule: for every synced real device ``X`` the kubelet allocated ``spot-X`` (or a shared
+   replica ``spot-X::<n>``) of the spot resource to *this* container.
+5. Owner rule: the agent's record names the source container as ``X``'s owner (for PodSync,
+   the pod's container that holds ``X``). Direct names no source, so it is accepted only for
+   devices the agent records as unallocated (IDLE_SPACE): there is no owner to disturb.
+6. The spot resource itself is never synced, and only ``gpu_resources`` are.
+7. Lend rule: ``X`` is lendable *now* (its twin is Healthy: the owner is lent out, or ``X`` is
+   unallocated or held by a ShadowPod). A grant the kubelet made while the owner was away does
+   not outlive the loan: once the owner is back, a spot container the kubelet (re)starts with
+   that old grant, e.g. a restart after the eviction killed it, is refused. Skipped when the
+   agent cannot be asked (the ``local`` fallback).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from spotgpu.core.codec import DevicesFrom, SyncKind, SyncSource
+from spotgpu.core.errors import PermanentError
+from spotgpu.core.ids import MAX_DEVICE_ID_LEN, SPOT_PREFIX, DeviceID, ResourceName
+from spotgpu.core.mapping_cache import IDLE_SPACE, Owner
+from spotgpu.core.refs import ContainerRef
+from spotgpu.runtime.lookup import NodeLookup, PodAssignment
+
+
+class RefusalReason(StrEnum):
+    """Why a sync was refused (also the label of the agent's refusal metric)."""
+
+    UNKNOWN_CONTAINER = "unknown-container"
+    CROSS_NAMESPACE = "cross-namespace"
+    RESOURCE_NOT_SYNCABLE = "resource-not-syncable"
+    SOURCE_NOT_FOUND = "source-not-found"
+    SOURCE_LACKS_DEVICE = "source-lacks-device"
+    CONFLICT = "conflict"
+    TWIN_NOT_ALLOCATED = "twin-not-allocated"
+    OWNER_MISMATCH = "owner-mismatch"
+    NOT_LENT = "not-lent"
+
+
+class SyncRefused(PermanentError):
+    """The sync is not granted; creating the container must fail with this message."""
+
+    def __init__(self, reason: RefusalReason, message: str) -> None:
+        super().__init__(f"device sync refused ({reason.value}): {message}")
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPolicy:
+    spot_resource: ResourceName
+    gpu_resources: frozenset[ResourceName]
+    cross_namespace_sources: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedDevice:
+    """One real device to sync, where it comes from and its NUMA nodes (when known)."""
+
+    resource: ResourceName
+    device: DeviceID
+    source: ContainerRef | None
+    """The container holding it; None for Direct."""
+    numa_nodes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPlan:
+    """The granted devices, in request order (which decides e.g. CUDA's device order)."""
+
+    devices: tuple[ResolvedDevice, ...]
+
+    def by_resource(self) -> tuple[tuple[ResourceName, tuple[DeviceID, ...]], ...]:
+        """``(resource, ids)`` sorted by resource; IDs keep their order."""
+        out: dict[ResourceName, list[DeviceID]] = {}
+        for d in self.devices:
+            out.setdefault(d.resource, []).append(d.device)
+        return tuple((r, tuple(ids)) for r, ids in sorted(out.items()))
+
+
+PodView = Callable[[str, str], PodAssignment | None]
+"""``(namespace, pod) -> the pod's device assignments`` (None: the kubelet has no such active pod)."""
+
+
+class Provider:
+    """Resolves one kind of source into devices. Subclasses: one module each in :mod:`providers`."""
+
+    kind: SyncKind
+
+    def resolve(self, source: SyncSource, pods: PodView) -> list[ResolvedDevice]:
+        raise NotImplementedError
+
+
+def pick(
+    source: SyncSource,
+    resource: ResourceName,
+    wanted: Sequence[DeviceID],
+    held: Sequence[tuple[DeviceID, ContainerRef, tuple[int, ...]]],
+) -> list[ResolvedDevice]:
+    """The ``wanted`` devices (all ``held`` when empty) among those a source ``held``, or refuse."""
+    by_id = {device: (ref, numa) for device, ref, numa in held}
+    if not wanted:
+        if not held:
+            raise SyncRefused(
+                RefusalReason.SOURCE_LACKS_DEVICE, f"source {source.key!r} holds no devices of {resource!r}"
+            )
+        return [ResolvedDevice(resource, device, ref, numa) for device, ref, numa in held]
+    missing = [d for d in wanted if d not in by_id]
+    if missing:
+        raise SyncRefused(
+            RefusalReason.SOURCE_LACKS_DEVICE,
+            f"source {source.key!r} does not hold {resource!r} device(s) {', '.join(missing)} "
+            f"(it holds: {', '.join(by_id) or 'none'})",
+        )
+    return [ResolvedDevice(resource, d, by_id[d][0], by_id[d][1]) for d in wanted]
+
+
+def _base(device_id: str) -> str:
+    """A device ID without a time-slicing replica suffix (``GPU-x::3`` -> ``GPU-x``)."""
+    return device_id.split("::", 1)[0]
+
+
+def granted_twins(target: PodAssignment | None, container: str, spot_resource: str) -> set[str]:
+    """Real device IDs whose twin the kubelet allocated to ``container`` (replica suffix removed)."""
+    if target is None:
+        return set()
+    assignment = target.container(container)
+    if assignment is None:
+        return set()
+    return {_base(t[len(SPOT_PREFIX) :]) for t in assignment.ids(spot_resource) if t.startswith(SPOT_PREFIX)}
+
+
+def resolve(
+    request: DevicesFrom,
+    target: ContainerRef,
+    pods: PodView,
+    policy: SyncPolicy,
+    providers: dict[SyncKind, Provider],
+) -> list[ResolvedDevice]:
+    """Resolve every source (rules 2, 3 and 6 of the module docstring); merge; refuse conflicts."""
+    assert target.namespace is not None
+    merged: dict[tuple[str, str], ResolvedDevice] = {}
+    for source in request.resolve(target.namespace).sources:
+        for resource, _ in source.resources:
+            if resource == policy.spot_resource or resource not in policy.gpu_resources:
+                raise SyncRefused(
+                    RefusalReason.RESOURCE_NOT_SYNCABLE,
+                    f"source {source.key!r} names resource {resource!r}; only "
+                    f"{', '.join(sorted(policy.gpu_resources))} can be synced",
+                )
+        if source.ref is not None:
+            namespace = source.ref.namespace
+            if namespace != target.namespace and namespace not in policy.cross_namespace_sources:
+                raise SyncRefused(
+                    RefusalReason.CROSS_NAMESPACE,
+                    f"source {source.key!r} is outside namespace {target.namespace!r}, and {namespace!r} is not "
+                    "an allowed source namespace (runtime.crossNamespaceSources)",
+                )
+        for device in providers[source.kind].resolve(source, pods):
+            key = (device.resource, device.device)
+            seen = merged.get(key)
+            if seen is not None and seen.source != device.source:
+                raise SyncRefused(
+                    RefusalReason.CONFLICT,
+                    f"{device.resource!r} device {device.device!r} is named by two sources "
+                    f"({seen.source or 'direct'} and {device.source or 'direct'})",
+                )
+            merged.setdefault(key, device)
+    return list(merged.values())
+
+
+def authorize(
+    devices: Sequence[ResolvedDevice],
+    target: ContainerRef,
+    target_pod: PodAssignment | None,
+    owner_of: Callable[[DeviceID], Owner | None],
+    policy: SyncPolicy,
+    *,
+    lendable: Callable[[DeviceID], bool | None] | None = None,
+) -> SyncPlan:
+    """Apply the twin, owner and lend rules (4, 5 and 7) to resolved devices."""
+    twins = granted_twins(target_pod, target.name, policy.spot_resource)
+    for d in devices:
+        if len(SPOT_PREFIX) + len(d.device) > MAX_DEVICE_ID_LEN or _base(d.device) not in twins:
+            raise SyncRefused(
+                RefusalReason.TWIN_NOT_ALLOCATED,
+                f"the kubelet did not allocate {SPOT_PREFIX}{d.device} ({policy.spot_resource}) to {target}; "
+                f"its twins: {', '.join(sorted(SPOT_PREFIX + t for t in twins)) or 'none'}",
+            )
+        owner = owner_of(d.device)
+        if d.source is None:
+            if owner is not IDLE_SPACE:
+                raise SyncRefused(
+                    RefusalReason.OWNER_MISMATCH,
+                    f"direct sync of {d.device!r} needs a device no container holds, but its recorded owner is "
+                    f"{owner if owner is not None else 'unknown'}",
+                )
+        elif owner != d.source:
+            raise SyncRefused(
+                RefusalReason.OWNER_MISMATCH,
+                f"{d.device!r} comes from {d.source}, but the agent records "
+                f"{owner if owner is not None else 'no owner'} as its owner",
+            )
+        if lendable is not None and lendable(d.device) is False:
+            raise SyncRefused(
+                RefusalReason.NOT_LENT,
+                f"{d.device!r} is not lent out now: its owner {owner if owner is not None else 'unknown'} "
+                "is using it or it is being taken back",
+            )
+    return SyncPlan(tuple(devices))
+
+
+def plan_sync(
+    request: DevicesFrom,
+    target: ContainerRef,
+    lookup: NodeLookup,
+    policy: SyncPolicy,
+    providers: dict[SyncKind, Provider],
+) -> SyncPlan:
+    """Resolve and authorize ``request`` for ``target``: the whole decision, or :class:`SyncRefused`."""
+    assert target.namespace is not None
+
+    def pods(namespace: str, name: str) -> PodAssignment | None:
+        return lookup.pod(namespace, name)
+
+    devices = resolve(request, target, pods, policy, providers)
+    return authorize(
+        devices,
+        target,
+        pods(target.namespace, target.pod),
+        lookup.device_owner,
+        policy,
+        lendable=lookup.device_lendable,
+    )
+
+
+__all__ = [
+    "PodView",
+    "Provider",
+    "RefusalReason",
+    "ResolvedDevice",
+    "SyncPlan",
+    "SyncPolicy",
+    "SyncRefused",
+    "authorize",
+    "granted_twins",
+    "pick",
+    "plan_sync",
+    "resolve",
+]

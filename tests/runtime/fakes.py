@@ -1,0 +1,253 @@
+"""In-memory implementations of the runtime's ports, and builders for specs and scenarios.
+
+:class:`FakeLookup` implements :class:`~spotgpu.runtime.lookup.NodeLookup` (a kubelet view, an
+owner record and an NVIDIA-like device plugin that answers like the vendor plugin double);
+:class:`FakeHost` implements :class:`~spotgpu.runtime.lookup.HostPort`. They are fakes of our
+own Protocols, not mocks: they hold state and answer from it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spotgpu.core import keys
+from spotgpu.core.errors import PermanentError
+from spotgpu.core.ids import DeviceID, ResourceName
+from spotgpu.core.mapping_cache import IDLE_SPACE, Owner
+from spotgpu.core.refs import ContainerRef
+from spotgpu.runtime.config import RuntimeConfig
+from spotgpu.runtime.engine import SpecEngine
+from spotgpu.runtime.lookup import (
+    Allocation,
+    ContainerAssignment,
+    DeviceGroup,
+    DeviceNodeSpec,
+    HostDevice,
+    MountSpec,
+    PodAssignment,
+)
+from spotgpu.runtime.modifiers import GuardFunctions
+from spotgpu.testing.kubelet import ContainerDevices, ContainerResources, PodResources
+
+GPU = ResourceName("nvidia.com/gpu")
+SPOT = ResourceName("platform/spot-gpu")
+NS = "team-a"
+SYSTEM_NS = "spotgpu-system"
+OWNER = ContainerRef(NS, "dev-box", "main")
+SPOT_CTR = ContainerRef(NS, "spot-job", "worker")
+SHADOW = ContainerRef(SYSTEM_NS, "shadow-1", "hold")
+DRIVER_MOUNT = MountSpec("/usr/local/nvidia", "/opt/driver", True)
+
+
+@dataclass
+class VendorGpu:
+    id: str
+    host_path: str
+    container_path: str
+    numa: int | None
+    major: int = 195
+    minor: int = 0
+
+
+VENDOR = {
+    "GPU-a": VendorGpu("GPU-a", "/dev/nvidia0", "/dev/nvidia0", 0, 195, 0),
+    "GPU-b": VendorGpu("GPU-b", "/dev/nvidia1", "/dev/nvidia1", 1, 195, 1),
+    "GPU-c": VendorGpu("GPU-c", "/dev/nvidia2", "/dev/nvidia2", 0, 195, 2),
+    "GPU-d": VendorGpu("GPU-d", "/dev/nvidia3", "/dev/nvidia3", None, 195, 3),
+}
+
+
+def pod(
+    ref: ContainerRef, *groups: tuple[str, Sequence[str]], others: Sequence[ContainerAssignment] = ()
+) -> PodAssignment:
+    """A pod whose container ``ref.name`` holds ``groups`` (resource, ids); NUMA from VENDOR."""
+    assert ref.namespace is not None
+    devices = []
+    for resource, ids in groups:
+        for device in ids:
+            gpu = VENDOR.get(device.removeprefix("spot-").split("::")[0])
+            numa = (gpu.numa,) if gpu is not None and gpu.numa is not None else ()
+            devices.append(DeviceGroup(ResourceName(resource), (DeviceID(device),), numa))
+    return PodAssignment(ref.namespace, ref.pod, (ContainerAssignment(ref.name, tuple(devices)), *others))
+
+
+@dataclass
+class FakeLookup:
+    pods: list[PodAssignment] = field(default_factory=list)
+    owners: dict[str, Owner] = field(default_factory=dict)
+    lendable: dict[str, bool] = field(default_factory=dict)
+    """Twin health per real device as the agent would answer; a missing device: unknown."""
+    mounts: tuple[MountSpec, ...] = (DRIVER_MOUNT,)
+    annotations: dict[str, str] = field(default_factory=dict)
+    cdi: bool = False
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    fail_pods: Exception | None = None
+
+    def pod(self, namespace: str, name: str) -> PodAssignment | None:
+        self.calls.append(("pod", (namespace, name)))
+        if self.fail_pods is not None:
+            raise self.fail_pods
+        return next((p for p in self.pods if (p.namespace, p.name) == (namespace, name)), None)
+
+    def device_owner(self, device: DeviceID) -> Owner | None:
+        return self.owners.get(device)
+
+    def device_lendable(self, device: DeviceID) -> bool | None:
+        return self.lendable.get(device)
+
+    def allocate(self, resource: ResourceName, devices: Sequence[DeviceID]) -> Allocation:
+        self.calls.append(("allocate", (resource, tuple(devices))))
+        unknown = [d for d in devices if d not in VENDOR]
+        if resource != GPU or unknown:
+            raise PermanentError(f'invalid allocation request for "{resource}": unknown device: {unknown[:1]}')
+        return Allocation(
+            envs=(("NVIDIA_VISIBLE_DEVICES", ",".join(devices)),),
+            mounts=self.mounts,
+            devices=tuple(DeviceNodeSpec(VENDOR[d].container_path, VENDOR[d].host_path, "rw") for d in devices),
+            annotations=tuple(sorted(self.annotations.items())),
+            cdi_devices=tuple(f"nvidia.com/gpu={d}" for d in devices) if self.cdi else (),
+        )
+
+    def device_numa(self, resource: ResourceName) -> Mapping[DeviceID, tuple[int, ...]]:
+        return {DeviceID(g.id): ((g.numa,) if g.numa is not None else ()) for g in VENDOR.values() if resource == GPU}
+
+
+@dataclass
+class FakeHost:
+    cpus: dict[int, str] = field(default_factory=lambda: {0: "0-7", 1: "8-15"})
+
+    def device_nodes(self, host_path: str, container_path: str) -> tuple[HostDevice, ...]:
+        gpu = next((g for g in VENDOR.values() if g.host_path == host_path), None)
+        if gpu is None:
+            raise PermanentError(f"device {host_path}: No such file or directory")
+        return (HostDevice(container_path, "c", gpu.major, gpu.minor, 0o666, 0, 0),)
+
+    def numa_cpus(self, node: int) -> str | None:
+        return self.cpus.get(node)
+
+
+class FakeGuard:
+    """The guard's two functions: the real rule composition, a listener that is up or not."""
+
+    def __init__(self, ready: bool = True) -> None:
+        from spotgpu.guard.rule import apply_guard_rule
+
+        self.up = ready
+        self.probes: list[str] = []
+        self.functions = GuardFunctions(apply_guard_rule, self._ready)
+
+    def _ready(self, path: str) -> bool:
+        self.probes.append(path)
+        return self.up
+
+
+def standard_lookup() -> FakeLookup:
+    """Owner ``team-a/dev-box/main`` holds GPU-a and GPU-b (lent); a ShadowPod in spotgpu-system
+    holds GPU-c; GPU-d is unallocated; spot ``team-a/spot-job/worker`` holds the twins of a, c, d."""
+    return FakeLookup(
+        pods=[
+            pod(OWNER, (GPU, ["GPU-a", "GPU-b"])),
+            pod(SHADOW, (GPU, ["GPU-c"])),
+            pod(SPOT_CTR, (SPOT, ["spot-GPU-a", "spot-GPU-c", "spot-GPU-d"])),
+        ],
+        owners={"GPU-a": OWNER, "GPU-b": OWNER, "GPU-c": SHADOW, "GPU-d": IDLE_SPACE},
+    )
+
+
+def kubelet_pods() -> list[PodResources]:
+    """What the pod-resources double serves: OWNER holds GPU-a and GPU-b (NUMA 0), SPOT_CTR holds spot-GPU-a."""
+    assert OWNER.namespace is not None and SPOT_CTR.namespace is not None
+    return [
+        PodResources(
+            OWNER.namespace,
+            OWNER.pod,
+            (ContainerResources(OWNER.name, (ContainerDevices(GPU, ("GPU-a", "GPU-b"), (0,)),)),),
+        ),
+        PodResources(
+            SPOT_CTR.namespace,
+            SPOT_CTR.pod,
+            (ContainerResources(SPOT_CTR.name, (ContainerDevices(SPOT, ("spot-GPU-a",), (0,)),)),),
+        ),
+    ]
+
+
+def cri(ref: ContainerRef | None, kind: str = "container") -> dict[str, str]:
+    """The CRI annotations containerd writes into a spec."""
+    if ref is None:
+        return {keys.CRI_CONTAINER_TYPE: kind}
+    assert ref.namespace is not None
+    return {
+        keys.CRI_CONTAINER_TYPE: kind,
+        keys.CRI_SANDBOX_ID: "f" * 64,
+        keys.CRI_SANDBOX_NAMESPACE: ref.namespace,
+        keys.CRI_SANDBOX_NAME: ref.pod,
+        keys.CRI_SANDBOX_UID: "0b7c1c2e-8d2e-4f57-9a3c-1f1f1f1f1f1f",
+        keys.CRI_CONTAINER_NAME: ref.name,
+        keys.CRI_IMAGE_NAME: "docker.io/library/busybox:1.36",
+    }
+
+
+def devices_from(sources: Mapping[str, Mapping[str, Sequence[str]]]) -> str:
+    return json.dumps({k: {r: list(ids) for r, ids in v.items()} for k, v in sources.items()})
+
+
+BASE_SPEC: dict[str, Any] = {
+    "ociVersion": "1.0.2-dev",
+    "process": {
+        "user": {"uid": 0, "gid": 0},
+        "args": ["/bin/sh", "-c", "sleep 1"],
+        "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOSTNAME=spot-job"],
+        "cwd": "/",
+        "capabilities": {"bounding": ["CAP_CHOWN", "CAP_KILL"]},
+        "noNewPrivileges": True,
+    },
+    "root": {"path": "rootfs", "readonly": False},
+    "hostname": "spot-job",
+    "mounts": [
+        {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755"]},
+        {"destination": "/usr/local/nvidia", "type": "bind", "source": "/var/lib/image-driver", "options": ["rbind"]},
+    ],
+    "annotations": {},
+    "linux": {
+        "resources": {
+            "devices": [{"allow": False, "access": "rwm"}],
+            "memory": {"limit": 1073741824},
+            "cpu": {"shares": 1024, "quota": 100000, "period": 100000},
+        },
+        "cgroupsPath": "/kubepods/besteffort/pod0b7c1c2e/abc",
+        "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "mount"}],
+        "maskedPaths": ["/proc/kcore"],
+    },
+}
+
+
+def make_spec(annotations: Mapping[str, str], **overrides: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(BASE_SPEC)
+    spec["annotations"] = dict(annotations)
+    spec.update(overrides)
+    return spec
+
+
+def spot_spec(sources: Mapping[str, Mapping[str, Sequence[str]]], target: ContainerRef = SPOT_CTR) -> dict[str, Any]:
+    return make_spec({**cri(target), keys.DEVICES_FROM_PREFIX: devices_from(sources)})
+
+
+def engine(
+    lookup: FakeLookup | None = None,
+    *,
+    guard: FakeGuard | None = None,
+    **config: Any,
+) -> SpecEngine:
+    settings = {"cross_namespace_sources": (SYSTEM_NS,), "guard_listener_path": Path("/run/test/guard.sock"), **config}
+    return SpecEngine(
+        RuntimeConfig(**settings),
+        lookup if lookup is not None else standard_lookup(),
+        FakeHost(),
+        guard=guard.functions if guard is not None else None,
+    )
