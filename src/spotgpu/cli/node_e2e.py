@@ -1,0 +1,111 @@
+"""``spotgpu node-e2e``: the full lend/return cycle on this machine, with real containerd, runc,
+spotgpu-runtime, agent and guard (root). See docs/node-e2e.md.
+
+Side effects: everything :class:`spotgpu.e2e.node.Node` starts, under a private temporary
+directory that is removed at the end (``--keep``, or a failed run, keeps it with every log). Prints progress and
+one line per fault on stderr, the figures as JSON on stdout (``--json``: only the JSON object).
+Exit status: 0 when every correctness check passed (no leaked container, no owner error, every
+fault survived), 1 otherwise, 2 when the machine cannot run it. The latency targets are
+reported (``met``) but do not decide the exit status: they depend on the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+NEEDED = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "gcc")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cycles", type=int, default=5, help="lend/return cycles to run (default 5)")
+    parser.add_argument("--spot-containers", type=int, default=8, help="spot containers per cycle (default 8)")
+    parser.add_argument("--gpus", type=int, default=2, help="stand-in GPUs of the owner (default 2)")
+    parser.add_argument("--faults", action="store_true", help="after the cycles, strike the faults (docs/node-e2e.md)")
+    parser.add_argument("--json", action="store_true", help="print only the JSON figures on stdout")
+    parser.add_argument("--detect-interval", type=float, default=0.25, help="agent detectInterval, s (default 0.25)")
+    parser.add_argument("--max-inactive", type=float, default=1.0, help="agent maxInactiveTime, s (default 1)")
+    parser.add_argument("--fail-open", type=float, default=5.0, help="guard failOpenTimeout, s (default 5)")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, specs) and print its path")
+
+
+def _check_machine() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (containers, device nodes, seccomp, cgroups)"
+    missing = [tool for tool in NEEDED if shutil.which(tool) is None]
+    if missing or not Path("/bin/busybox").exists():
+        return f"missing: {', '.join(missing + ([] if Path('/bin/busybox').exists() else ['/bin/busybox']))}"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    problem = _check_machine()
+    if problem:
+        print(f"spotgpu node-e2e: {problem}", file=sys.stderr)
+        return 2
+    if args.cycles < 0 or args.spot_containers < 1 or args.gpus < 1:
+        print("spotgpu node-e2e: --cycles >= 0, --spot-containers >= 1 and --gpus >= 1", file=sys.stderr)
+        return 2
+    from spotgpu.e2e.faults import run_faults
+    from spotgpu.e2e.node import Node, NodeSettings
+    from spotgpu.e2e.run import TARGETS, Run, run_cycles, summarize
+
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per API request
+    settings = NodeSettings(
+        gpus=args.gpus,
+        spot_containers=args.spot_containers,
+        detect_interval=args.detect_interval,
+        max_inactive_time=args.max_inactive,
+        fail_open_timeout=args.fail_open,
+    )
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    base = Path(tempfile.mkdtemp(prefix="sg-e2e-", dir="/tmp"))  # short: unix socket paths
+    node = Node(base, settings)
+    began = time.monotonic()
+    result: dict[str, Any]
+    try:
+        node.start()
+        say(f"node up in {time.monotonic() - began:.1f} s ({base})")
+        driver = Run(node, say)
+        records = run_cycles(driver, args.cycles)
+        result = summarize(records, settings)
+        if args.faults:
+            outcomes = run_faults(driver)
+            result["faults"] = [{"name": o.name, "passed": o.passed, "detail": o.detail} for o in outcomes]
+            result["faults_passed"] = all(o.passed for o in outcomes)
+    except Exception as exc:
+        logging.getLogger("spotgpu.e2e").exception("node-e2e aborted")
+        say(f"agent log tail:\n{node.agent.log_tail(40)}")
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        node.close()
+    result["wall_s"] = round(time.monotonic() - began, 1)
+    result["load_average_1m"] = round(os.getloadavg()[0], 2)
+    ok = "error" not in result and result["leaked_containers"] == 0 and result["owner_errors"] == 0
+    ok = ok and not result.get("problems") and result.get("faults_passed", True)
+    if args.keep or not ok:
+        say(f"work directory kept (logs, specs): {base}")
+    else:
+        shutil.rmtree(base, ignore_errors=True)
+    if "error" not in result:
+        hold = result["return_hold_ms_p99"]
+        result["targets"] = TARGETS
+        result["met"] = {
+            "return_hold_ms_p99": hold is not None and hold <= TARGETS["return_hold_ms_p99"],
+            "leaked_containers": result["leaked_containers"] == 0,
+            "owner_errors": result["owner_errors"] == 0,
+        }
+    result["passed"] = ok
+    print(json.dumps(result, sort_keys=True) if args.json else json.dumps(result, indent=2, sort_keys=True))
+    return 0 if ok else 1

@@ -1,0 +1,128 @@
+"""The owner's GPU client for the node end-to-end run: a small static C program.
+
+Decides nothing. Side effects only in :func:`build_client` (writes the C file, runs ``gcc``).
+
+The owner container runs it as its init, reading one command per line and printing one JSON
+line per command (flushed), so the harness drives the owner like a developer at a terminal:
+
+* ``hold DEV...``: open the devices and keep them open (the owner is "using its GPUs": a GPU
+  process of the owner container, which the agent's device-node backend sees in ``/proc``);
+* ``release``: close every held device (the owner went home: idle from now on);
+* ``session DEV REQ``: start a new GPU session, i.e. issue ``ioctl(fd(DEV), REQ)`` the way a
+  CUDA or NVML initialisation issues the driver's version check. Under the return guard's
+  seccomp rule this call is what the guard holds while the agent evicts spot work. The reply
+  carries the call's result and errno (ENOTTY from the stand-in device means the call reached
+  the "driver"; ENOSYS would mean a guard without a listener), its start and end on
+  ``CLOCK_MONOTONIC`` (comparable with the host's ``time.monotonic_ns()``: runc creates no time
+  namespace) and its end on ``CLOCK_REALTIME`` (comparable with containerd's exit timestamps);
+* ``ping``; ``exit``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Final
+
+CLIENT_SOURCE: Final = r"""
+/* e2eclient: the owner's GPU client of `spotgpu node-e2e` (see spotgpu/e2e/client.py). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_HELD 64
+
+static int held[MAX_HELD];
+static int nheld;
+static unsigned char arg[16384] __attribute__((aligned(64)));
+
+static long long clock_ns(clockid_t id) {
+    struct timespec t;
+    clock_gettime(id, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static void reply_error(const char *op, const char *what, int err) {
+    printf("{\"op\":\"%s\",\"error\":\"%s\",\"errno\":%d}\n", op, what, err);
+}
+
+static void cmd_hold(char **paths, int n) {
+    int opened = 0, failed = 0, last = 0;
+    for (int i = 0; i < n; i++) {
+        if (nheld == MAX_HELD) { failed++; continue; }
+        int fd = open(paths[i], O_RDWR | O_CLOEXEC);
+        if (fd < 0) { failed++; last = errno; continue; }
+        held[nheld++] = fd;
+        opened++;
+    }
+    printf("{\"op\":\"hold\",\"opened\":%d,\"failed\":%d,\"errno\":%d,\"held\":%d}\n", opened, failed, last, nheld);
+}
+
+static void cmd_release(void) {
+    int closed = 0;
+    while (nheld > 0) {
+        close(held[--nheld]);
+        closed++;
+    }
+    printf("{\"op\":\"release\",\"closed\":%d,\"at_ns\":%lld}\n", closed, clock_ns(CLOCK_MONOTONIC));
+}
+
+static void cmd_session(const char *path, unsigned long request) {
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) { reply_error("session", "open", errno); return; }
+    memset(arg, 0, sizeof arg);
+    long long start = clock_ns(CLOCK_MONOTONIC);
+    int rc = ioctl(fd, request, arg);
+    int err = rc < 0 ? errno : 0;
+    long long end = clock_ns(CLOCK_MONOTONIC);
+    long long end_real = clock_ns(CLOCK_REALTIME);
+    close(fd);
+    printf("{\"op\":\"session\",\"rc\":%d,\"errno\":%d,\"start_ns\":%lld,\"end_ns\":%lld,\"end_real_ns\":%lld}\n",
+           rc, err, start, end, end_real);
+}
+
+int main(void) {
+    static char line[8192];
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    while (fgets(line, sizeof line, stdin)) {
+        char *words[MAX_HELD + 2];
+        int n = 0;
+        for (char *w = strtok(line, " \t\r\n"); w && n < MAX_HELD + 2; w = strtok(NULL, " \t\r\n")) words[n++] = w;
+        if (n == 0) continue;
+        if (strcmp(words[0], "exit") == 0) break;
+        if (strcmp(words[0], "ping") == 0) printf("{\"op\":\"ping\",\"pid\":%d}\n", getpid());
+        else if (strcmp(words[0], "hold") == 0) cmd_hold(words + 1, n - 1);
+        else if (strcmp(words[0], "release") == 0) cmd_release();
+        else if (strcmp(words[0], "session") == 0 && n == 3) cmd_session(words[1], strtoul(words[2], NULL, 0));
+        else reply_error(words[0], "unknown command", 0);
+        fflush(stdout);
+    }
+    return 0;
+}
+"""
+
+
+def build_client(directory: Path) -> Path:
+    """Compile ``e2eclient`` statically into ``directory``; returns the binary's path."""
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        raise FileNotFoundError("gcc with a static libc is needed to build the owner's GPU client (Debian: gcc)")
+    directory.mkdir(parents=True, exist_ok=True)
+    source = directory / "e2eclient.c"
+    binary = directory / "e2eclient"
+    source.write_text(CLIENT_SOURCE)
+    command = [compiler, "-static", "-O2", "-Wall", "-o", str(binary), str(source)]
+    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building e2eclient failed: {proc.stderr.strip()}")
+    return binary
+
+
+__all__ = ["CLIENT_SOURCE", "build_client"]

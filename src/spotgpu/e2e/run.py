@@ -1,0 +1,369 @@
+"""The lend/return cycles and the faults of ``spotgpu node-e2e``, their checks and figures.
+
+Decides nothing about lending (the agent does); decides what the run checks and how it counts.
+Side effects: everything :class:`~spotgpu.e2e.node.Node` does, driven in order; reads of
+``/proc`` for the leak checks; lines of progress through the ``say`` callable.
+
+One cycle (:meth:`Run.cycle`):
+
+1. the owner uses its GPUs (holds them open), then closes them: idle from then on. The agent
+   lends them after ``maxInactiveTime``: ``lend_detect_s`` is the time from the owner closing
+   its GPUs to every twin Healthy in the kubelet double's ``ListAndWatch`` list;
+2. N spot pods start, each through the kubelet double (Allocate of one twin), pod-resources
+   and spotgpu-runtime (device sync of the owner's GPU): ``spot_start_ms`` per container, from
+   the Allocate call to ``ctr run`` returning with the task started; each must then hold its
+   synced GPU open (proof that the sync happened);
+3. the owner starts a GPU session at once (no waiting for the agent to notice the spot pods):
+   the guard holds the call, the agent evicts, the call returns: ``return_hold_ms`` is the
+   call's duration inside the owner container;
+4. checks at release: the call's errno is the stand-in's ENOTTY (anything else, ENOSYS in
+   particular, is an owner error, as is a hold beyond the fail-open bound); no process of a
+   spot container has a GPU open (``/proc``), and every spot task's exit time recorded by
+   containerd precedes the release (``leaked_containers`` counts containers failing either);
+   the spot pods are deleted, the twins Unhealthy, and the agent's eviction record names every
+   spot pod (``eviction_ms``: the agent's trigger-to-tasks-stopped time); afterwards the
+   agent's MappingCache (``/debug/state``) equals what the node says (pod-resources, API).
+"""
+
+from __future__ import annotations
+
+import errno
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from spotgpu.adapters.procattr import container_processes
+from spotgpu.bench.agent import percentile
+from spotgpu.core.ids import SPOT_GPU_RESOURCE
+from spotgpu.e2e.node import CTL_PATH, OWNER, Node, NodeSettings, Spot, gpu_fds, gpu_id, gpu_path, twin_of
+from spotgpu.guard.standin import CHECK_VERSION_STR
+
+TARGETS: Final = {"return_hold_ms_p99": 100.0, "leaked_containers": 0, "owner_errors": 0}
+HOLD_SLACK_S: Final = 1.0
+"""Allowed beyond ``failOpenTimeout`` before a hold counts as unbounded (scheduling on a busy node)."""
+
+Say = Callable[[str], None]
+
+
+@dataclass(slots=True)
+class CycleRecord:
+    """What one lend/return cycle measured and found."""
+
+    cycle: int
+    lend_detect_s: float
+    spot_start_ms: list[float]
+    hold_ms: float
+    eviction_ms: float | None = None
+    released_ms: float | None = None
+    eviction_complete_ms: float | None = None
+    leaked: list[str] = field(default_factory=list)
+    owner_error: str | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class FaultOutcome:
+    name: str
+    passed: bool
+    detail: str
+    hold_ms: float | None = None
+
+    def line(self) -> str:
+        return f"fault {self.name}: {'PASS' if self.passed else 'FAIL'}: {self.detail}"
+
+
+@dataclass(slots=True)
+class Release:
+    """The owner's returning GPU session, as the owner's client saw it."""
+
+    reply: dict[str, Any]
+    started: float
+    """Host monotonic seconds when the harness sent the command."""
+
+    @property
+    def hold_ms(self) -> float:
+        return (int(self.reply["end_ns"]) - int(self.reply["start_ns"])) / 1e6
+
+    @property
+    def start_s(self) -> float:
+        return int(self.reply["start_ns"]) / 1e9
+
+    @property
+    def end_real_s(self) -> float:
+        return int(self.reply["end_real_ns"]) / 1e9
+
+
+class Run:
+    """Drives a started :class:`Node` through cycles and faults (see module docstring)."""
+
+    def __init__(self, node: Node, say: Say) -> None:
+        self.node = node
+        self.settings: NodeSettings = node.settings
+        self.say = say
+        self.owner_holding = False
+        self._spot_seq = 0
+
+    # -- the owner --------------------------------------------------------------------------------
+    @property
+    def bound_s(self) -> float:
+        return self.settings.fail_open_timeout + HOLD_SLACK_S
+
+    def owner(self, command: str, timeout: float = 10.0) -> dict[str, Any]:
+        assert self.node.owner is not None
+        return self.node.owner.command(command, timeout)
+
+    def owner_hold(self) -> None:
+        devices = " ".join(gpu_path(i) for i in range(self.settings.gpus))
+        reply = self.owner(f"hold {devices}")
+        if reply.get("opened") != self.settings.gpus:
+            raise RuntimeError(f"the owner could not open its GPUs: {reply}")
+        self.owner_holding = True
+
+    def owner_session(self) -> Release:
+        """A new GPU session: the version-check ioctl the guard's rule matches."""
+        started = time.monotonic()
+        reply = self.owner(f"session {CTL_PATH} {CHECK_VERSION_STR:#x}", timeout=self.bound_s + 15)
+        if "end_ns" not in reply:
+            raise RuntimeError(f"the owner's session failed to run: {reply}")
+        return Release(reply, started)
+
+    def owner_error(self, release: Release) -> str | None:
+        code = int(release.reply.get("errno", 0))
+        if code == errno.ENOSYS:
+            return "ENOSYS: the GPU call failed (no guard listener held its notify fd)"
+        if code != errno.ENOTTY:
+            name = errno.errorcode.get(code, "?")
+            return f"the GPU call failed with errno {code} ({name}), not the stand-in's ENOTTY"
+        if release.hold_ms > self.bound_s * 1000:
+            return f"held {release.hold_ms:.0f} ms, beyond the fail-open bound {self.bound_s:.1f} s"
+        return None
+
+    # -- lending ----------------------------------------------------------------------------------
+    def twins(self) -> list[str]:
+        r = self.settings.replicas
+        return [twin_of(g, k, r) for g in range(self.settings.gpus) for k in range(r)]
+
+    def twins_are(self, health: str) -> Callable[[dict[str, Any]], bool]:
+        wanted = self.twins()
+        return lambda devices: all(devices.get(t) is not None and devices[t].health == health for t in wanted)
+
+    def lend(self) -> float:
+        """Owner active, then idle; returns the seconds from idle to every twin Healthy."""
+        if not self.owner_holding:
+            self.owner_hold()
+        time.sleep(self.settings.detect_interval * 2.5)  # let the agent see the owner active
+        reply = self.owner("release")
+        self.owner_holding = False
+        idle_at = int(reply["at_ns"]) / 1e9
+        self.node.kubelet.wait_devices(
+            SPOT_GPU_RESOURCE, self.twins_are("Healthy"), timeout=self.settings.max_inactive_time + 30
+        )
+        return time.monotonic() - idle_at
+
+    def start_spots(self, count: int | None = None, first: int = 0) -> list[Spot]:
+        spots = []
+        for index in range(first, first + (self.settings.spot_containers if count is None else count)):
+            self._spot_seq += 1
+            spots.append(self.node.start_spot(f"spot-{self._spot_seq}", index))
+        deadline = time.monotonic() + 15
+        for spot in spots:
+            while True:
+                spot.pid = self.node.init_pid(spot.cid)
+                if spot.pid is not None and gpu_fds(spot.pid, [gpu_path(spot.gpu)]):
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"spot container {spot.ref} ({spot.cid[:12]}) never held its synced GPU {gpu_path(spot.gpu)} "
+                        "open: the device sync did not happen"
+                    )
+                time.sleep(0.01)
+        return spots
+
+    # -- checks -------------------------------------------------------------------------------------
+    def gpu_holders(self, spots: list[Spot]) -> dict[str, str]:
+        """Spot containers with a process holding a stand-in GPU open now (``/proc``), by ID."""
+        paths = [gpu_path(i) for i in range(self.settings.gpus)]
+        found = container_processes([s.cid for s in spots])
+        leaked = {}
+        for spot in spots:
+            pids = [p for p in found.get(spot.cid, []) if gpu_fds(p, paths)]
+            if pids:
+                leaked[spot.cid] = f"{spot.ref} ({spot.cid[:12]}) pid(s) {pids} had a GPU open at release"
+        return leaked
+
+    def expected_mapping(self, spots: list[Spot]) -> dict[str, dict[str, list[str]]]:
+        """What the node says: the owner's GPUs and the spot pods that pod-resources and the API
+        both still have."""
+        live = {(p.namespace, p.name) for p in self.node.pod_resources.pods()}
+        users: dict[str, list[str]] = {gpu_id(i): [] for i in range(self.settings.gpus)}
+        for spot in spots:
+            if (spot.ref.namespace, spot.ref.name) in live:
+                users[gpu_id(spot.gpu)].append(spot.ref.format())
+        return {OWNER.format(): {d: sorted(u) for d, u in users.items()}}
+
+    def cache_matches(self, spots: list[Spot], timeout: float) -> str | None:
+        """None when the agent's MappingCache equals the node's view within ``timeout``."""
+        expected = self.expected_mapping(spots)
+        state = self.node.wait_state(lambda s: s.get("mapping") == expected, timeout)
+        if state is not None:
+            return None
+        last = self.node.agent_state()
+        return f"MappingCache {last.get('mapping') if last else 'unreadable'} != node {expected}"
+
+    def eviction_record(self, release: Release, timeout: float = 10.0) -> dict[str, Any] | None:
+        def found(state: dict[str, Any]) -> bool:
+            return any(self._is_this_eviction(e, release) for e in state.get("evictions", []))
+
+        state = self.node.wait_state(found, timeout)
+        if state is None:
+            return None
+        entry: dict[str, Any] = next(e for e in state["evictions"] if self._is_this_eviction(e, release))
+        return entry
+
+    @staticmethod
+    def _is_this_eviction(entry: dict[str, Any], release: Release) -> bool:
+        return entry.get("owner") == OWNER.format() and float(entry.get("at", 0)) >= release.start_s - 0.05
+
+    def release_checks(self, spots: list[Spot], release: Release) -> tuple[dict[str, str], list[str]]:
+        """``(leaks by container ID, problems)`` right after the owner's call returned."""
+        leaked = self.gpu_holders(spots)
+        problems = []
+        try:
+            self.node.kubelet.wait_devices(SPOT_GPU_RESOURCE, self.twins_are("Unhealthy"), timeout=2)
+        except TimeoutError:
+            problems.append("twins not Unhealthy after the return")
+        return leaked, problems
+
+    def settle(self, spots: list[Spot], release: Release | None) -> tuple[dict[str, str], list[str]]:
+        """The kubelet's clean-up after the eviction, with the exit-time check: ``(leaks by
+        container ID, problems)``."""
+        leaked: dict[str, str] = {}
+        problems: list[str] = []
+        for spot in spots:
+            if self.node.api.get("", "pods", spot.ref.name, spot.ref.namespace or "") is not None:
+                problems.append(f"spot pod {spot.ref} not deleted")
+                self.node.api.remove("", "pods", spot.ref.name, spot.ref.namespace or "")
+            self.node.forget_pod(spot.ref)
+            exited = self.node.remove_container(spot.cid)
+            if release is not None and exited is not None and exited > release.end_real_s:
+                late = (exited - release.end_real_s) * 1000
+                leaked[spot.cid] = f"{spot.ref} ({spot.cid[:12]}) exited {late:.1f} ms after the owner was released"
+        return leaked, problems
+
+    # -- one cycle ----------------------------------------------------------------------------------
+    def cycle(self, number: int) -> CycleRecord:
+        lend_s = self.lend()
+        spots = self.start_spots()
+        release = self.owner_session()
+        leaked, problems = self.release_checks(spots, release)
+        self.owner_hold()
+        record = CycleRecord(number, lend_s, [s.start_ms for s in spots], release.hold_ms)
+        record.owner_error = self.owner_error(release)
+        eviction = self.eviction_record(release)
+        if eviction is None:
+            problems.append("the agent recorded no eviction for the return")
+        else:
+            record.eviction_ms = float(eviction["tasks_stopped_ms"])
+            record.released_ms = float(eviction["released_ms"])
+            record.eviction_complete_ms = float(eviction["complete_ms"])
+            missing = {s.ref.format() for s in spots} - set(eviction.get("victims", []))
+            if missing:
+                problems.append(f"eviction missed spot pod(s) {sorted(missing)}")
+            if eviction.get("failed_tasks"):
+                problems.append(f"tasks not verified stopped: {eviction['failed_tasks']}")
+        late, unsettled = self.settle(spots, release)
+        problems += unsettled
+        mismatch = self.cache_matches([], timeout=self.settings.detect_interval * 4 + 5)
+        if mismatch:
+            problems.append(mismatch)
+        record.leaked = [leaked.get(cid) or late[cid] for cid in sorted({*leaked, *late})]
+        record.problems = problems
+        return record
+
+
+def summarize(records: list[CycleRecord], settings: NodeSettings) -> dict[str, Any]:
+    """The JSON figures of a run (see docs/node-e2e.md for what each means)."""
+    holds = [r.hold_ms for r in records]
+    evictions = [r.eviction_ms for r in records if r.eviction_ms is not None]
+    completes = [r.eviction_complete_ms for r in records if r.eviction_complete_ms is not None]
+    releases = [r.released_ms for r in records if r.released_ms is not None]
+    lends = [r.lend_detect_s for r in records]
+    starts = [s for r in records for s in r.spot_start_ms]
+
+    def p(values: list[float], q: float, digits: int = 2) -> float | None:
+        return round(percentile(values, q), digits) if values else None
+
+    leaked = sum(len(r.leaked) for r in records)
+    owner_errors = sum(1 for r in records if r.owner_error)
+    return {
+        "cycles": len(records),
+        "spot_containers": settings.spot_containers,
+        "gpus": settings.gpus,
+        "twin_replicas": settings.replicas,
+        "return_hold_ms_p50": p(holds, 50),
+        "return_hold_ms_p99": p(holds, 99),
+        "return_hold_ms_max": round(max(holds), 2) if holds else None,
+        "eviction_ms_p50": p(evictions, 50),
+        "eviction_ms_p99": p(evictions, 99),
+        "released_ms_p50": p(releases, 50),
+        "released_ms_p99": p(releases, 99),
+        "eviction_complete_ms_p99": p(completes, 99),
+        "lend_detect_s": round(statistics.median(lends), 3) if lends else None,
+        "lend_detect_s_max": round(max(lends), 3) if lends else None,
+        "spot_start_ms_p50": p(starts, 50),
+        "spot_start_ms_p99": p(starts, 99),
+        "leaked_containers": leaked,
+        "owner_errors": owner_errors,
+        "problems": [f"cycle {r.cycle}: {x}" for r in records for x in [*r.leaked, *r.problems]]
+        + [f"cycle {r.cycle}: owner error: {r.owner_error}" for r in records if r.owner_error],
+        "settings": {
+            "detect_interval_s": settings.detect_interval,
+            "max_inactive_time_s": settings.max_inactive_time,
+            "fail_open_timeout_s": settings.fail_open_timeout,
+        },
+    }
+
+
+def run_cycles(run: Run, count: int) -> list[CycleRecord]:
+    records = []
+    for number in range(count):
+        record = run.cycle(number)
+        records.append(record)
+        flags = [*record.leaked, *record.problems] + ([record.owner_error] if record.owner_error else [])
+        run.say(
+            f"cycle {number}: lend {record.lend_detect_s:.2f} s, spot start p50 "
+            f"{statistics.median(record.spot_start_ms):.0f} ms, return held {record.hold_ms:.1f} ms, "
+            f"eviction {record.eviction_ms if record.eviction_ms is not None else '?'} ms"
+            + (f"; PROBLEMS: {'; '.join(flags)}" if flags else "")
+        )
+    return records
+
+
+class Background:
+    """Runs one call on a thread (the owner's held session while a fault strikes)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self.result = fn()
+        except BaseException as exc:
+            self.error = exc
+
+    def join(self, timeout: float) -> Any:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the background call did not finish within {timeout:.0f}s")
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+__all__ = ["TARGETS", "Background", "CycleRecord", "FaultOutcome", "Release", "Run", "run_cycles", "summarize"]
