@@ -15,6 +15,7 @@ import pytest
 from spotgpu.core.codec import parse_devices_from
 from spotgpu.core.mapping_cache import IDLE_SPACE
 from spotgpu.core.refs import ContainerRef
+from spotgpu.runtime.config import RuntimeConfig
 from spotgpu.runtime.providers import default_providers
 from spotgpu.runtime.sync import RefusalReason, SyncPlan, SyncPolicy, SyncRefused, plan_sync
 
@@ -152,6 +153,19 @@ def test_cross_namespace_sources_need_the_allow_list() -> None:
     with pytest.raises(SyncRefused) as info:
         plan({f"{SYSTEM_NS}/shadow-1/hold": {"nvidia.com/gpu": ["GPU-c"]}}, cross_namespace_sources=frozenset())
     assert info.value.reason is RefusalReason.CROSS_NAMESPACE
+
+
+def test_any_namespace_by_default_still_needs_twin_and_owner() -> None:
+    """The default ``"*"`` lifts only the namespace check: the twin and owner rules still hold."""
+    assert RuntimeConfig().cross_namespace_sources == ("*",)
+    anywhere = frozenset({"*"})
+    granted = plan({f"{SYSTEM_NS}/shadow-1/hold": {"nvidia.com/gpu": ["GPU-c"]}}, cross_namespace_sources=anywhere)
+    assert [d.device for d in granted.devices] == ["GPU-c"]
+    lookup = standard_lookup()
+    lookup.owners["GPU-c"] = OWNER  # the agent records another owner for GPU-c
+    with pytest.raises(SyncRefused) as info:
+        plan({f"{SYSTEM_NS}/shadow-1/hold": {"nvidia.com/gpu": ["GPU-c"]}}, lookup, cross_namespace_sources=anywhere)
+    assert info.value.reason is RefusalReason.OWNER_MISMATCH
 
 
 def test_twins_of_another_container_do_not_count() -> None:

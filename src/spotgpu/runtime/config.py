@@ -43,8 +43,11 @@ class RuntimeConfig:
     spot_resource: ResourceName = SPOT_GPU_RESOURCE
     gpu_resources: tuple[ResourceName, ...] = (NVIDIA_GPU_RESOURCE,)
     """Resources whose holders are GPU owners (guard rule) and whose devices may be synced."""
-    cross_namespace_sources: tuple[str, ...] = ()
-    """Namespaces a sync source may live in besides the spot pod's own (e.g. a ShadowPod namespace)."""
+    cross_namespace_sources: tuple[str, ...] = ("*",)
+    """Namespaces a sync source may live in besides the spot pod's own; ``"*"`` (the default)
+    allows any, because the twin and owner rules already tie every synced device to the
+    kubelet's grant and the agent's loan. List namespaces to narrow which owners may lend to
+    pods of other namespaces (e.g. only a ShadowPod namespace)."""
     device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
     device_plugin_sockets: dict[str, str] = dataclasses.field(default_factory=dict)
     """Resource -> socket file name in ``devicePluginDir`` (``nvidia.com/gpu: nvidia-gpu.sock``).
@@ -87,6 +90,8 @@ class RuntimeConfig:
         if self.spot_resource in self.gpu_resources:
             raise ConfigError("gpuResources: must not contain the spot resource")
         for namespace in self.cross_namespace_sources:
+            if namespace == "*":
+                continue
             try:
                 PodRef(namespace, "probe")
             except RefError as exc:

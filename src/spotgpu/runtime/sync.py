@@ -13,7 +13,10 @@ Authorization (the security rule; every check must pass, else the container is n
 
 1. The target is a Kubernetes container whose namespace, pod and container name the CRI
    annotations give (containers outside Kubernetes cannot prove a grant).
-2. A source outside the target's namespace must be in ``cross_namespace_sources``.
+2. A source outside the target's namespace must be in ``cross_namespace_sources`` (``"*"``:
+   any namespace; the default, since rules 4 and 5 already bind every synced device to a grant
+   the kubelet made and to the owner the agent lent it for; a list narrows which namespaces'
+   owners may lend across namespaces).
 3. The source must hold the named devices now (pod-resources); an empty list means "all it
    holds of that resource", and holding none of it is refused.
 4. Twin rule: for every synced real device ``X`` the kubelet allocated ``spot-X`` (or a shared
@@ -41,6 +44,10 @@ from spotgpu.core.ids import MAX_DEVICE_ID_LEN, SPOT_PREFIX, DeviceID, ResourceN
 from spotgpu.core.mapping_cache import IDLE_SPACE, Owner
 from spotgpu.core.refs import ContainerRef
 from spotgpu.runtime.lookup import NodeLookup, PodAssignment
+
+
+ANY_NAMESPACE = "*"
+"""In ``cross_namespace_sources``: sources may live in any namespace."""
 
 
 class RefusalReason(StrEnum):
@@ -169,7 +176,8 @@ def resolve(
                 )
         if source.ref is not None:
             namespace = source.ref.namespace
-            if namespace != target.namespace and namespace not in policy.cross_namespace_sources:
+            allowed = policy.cross_namespace_sources
+            if namespace != target.namespace and namespace not in allowed and ANY_NAMESPACE not in allowed:
                 raise SyncRefused(
                     RefusalReason.CROSS_NAMESPACE,
                     f"source {source.key!r} is outside namespace {target.namespace!r}, and {namespace!r} is not "
