@@ -1,1 +1,55 @@
-"""The cluster simulator behind ``spotgpu simulate``: traces through the real scheduler and lending policy."""
+"""The cluster simulator behind ``spotgpu simulate``: traces through the real scheduler and lending policy.
+
+Public API (docs/simulator.md):
+
+* :func:`~spotgpu.sim.scenario.load_scenario`, :func:`~spotgpu.sim.scenario.default_scenario`,
+  :func:`~spotgpu.sim.scenario.parse_scenario`: a validated :class:`Scenario` (errors name the key);
+* :func:`~spotgpu.sim.runner.simulate`: every policy of a scenario on one workload, returning a
+  :class:`SimulationResult` whose ``summary()`` is the ``--json`` document;
+* :func:`~spotgpu.sim.simulation.run_policy` / :class:`Simulation`: one policy, with
+  :class:`Hooks` to swap the decision code (tests inject faulty schedulers and agents);
+* :class:`InvariantViolation`: what a broken promise raises;
+* :func:`~spotgpu.sim.report.write_outputs`, :func:`~spotgpu.sim.report.summary_table`.
+
+Modules: ``engine`` (the event heap), ``model`` (the cluster's state), ``simulation`` (event
+handlers driving the scheduler and agent code), ``invariants``, ``metrics``, ``scenario``,
+``workloads/`` (one source per module), ``defaults`` (every latency and its source),
+``runner``, ``report``, ``progress``, ``excerpts`` (rebuilds the shipped trace excerpts).
+Side effects live in ``runner`` (worker processes), ``report`` (files), ``progress`` (stderr)
+and the workload sources (reading traces); the rest is pure.
+"""
+
+from __future__ import annotations
+
+from spotgpu.sim.invariants import InvariantViolation
+from spotgpu.sim.report import summary_table, write_outputs
+from spotgpu.sim.runner import SimulationResult, simulate
+from spotgpu.sim.scenario import (
+    Latencies,
+    PolicySpec,
+    Scenario,
+    build_workload,
+    default_scenario,
+    load_scenario,
+    parse_scenario,
+)
+from spotgpu.sim.simulation import Hooks, PolicyRun, Simulation, run_policy
+
+__all__ = [
+    "Hooks",
+    "InvariantViolation",
+    "Latencies",
+    "PolicyRun",
+    "PolicySpec",
+    "Scenario",
+    "Simulation",
+    "SimulationResult",
+    "build_workload",
+    "default_scenario",
+    "load_scenario",
+    "parse_scenario",
+    "run_policy",
+    "simulate",
+    "summary_table",
+    "write_outputs",
+]

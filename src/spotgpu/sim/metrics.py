@@ -1,0 +1,138 @@
+"""What one simulated policy measured, and the summary figures derived from it.
+
+Pure accounting; no I/O, no clock. :class:`Metrics` is told about every change by the
+simulation (GPU category moves, evictions, holds, job starts and ends) and integrates
+GPU-time per :class:`~spotgpu.sim.model.Category` between events. :func:`summarize` turns it
+into the per-policy JSON entry (keys documented in docs/simulator.md).
+
+Percentiles use linear interpolation between closest ranks (numpy's default); an empty sample
+gives 0.0 and the matching ``*_count`` says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from spotgpu.core.types import EvictionReason
+from spotgpu.sim.model import CATEGORY_NAMES, Category
+
+HOUR = 3600.0
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) with linear interpolation; 0.0 for no values."""
+    if not values:
+        return 0.0
+    data = sorted(values)
+    pos = (len(data) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+@dataclass(slots=True)
+class Metrics:
+    """Counters and integrals of one policy run."""
+
+    total_gpus: int
+    counts: list[int] = field(default_factory=list)
+    gpu_seconds: list[float] = field(default_factory=list)
+    lent_gpus: int = 0
+    lent_gpu_seconds: float = 0.0
+    last_t: float = 0.0
+    samples: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)
+    evictions: Counter[str] = field(default_factory=Counter)
+    evicted_pods: Counter[str] = field(default_factory=Counter)
+    useful_spot_gpu_s: float = 0.0
+    wasted_spot_gpu_s: float = 0.0
+    checkpointed_spot_gpu_s: float = 0.0
+    spot_waits: list[float] = field(default_factory=list)
+    spot_jcts: list[float] = field(default_factory=list)
+    reserved_waits: list[float] = field(default_factory=list)
+    reserved_jcts: list[float] = field(default_factory=list)
+    holds_ms: list[float] = field(default_factory=list)
+    exposures_ms: list[float] = field(default_factory=list)
+    returns_while_lent: int = 0
+    returns_with_eviction: int = 0
+    loans: int = 0
+    cycles: int = 0
+    cycles_skipped: int = 0
+    binds: int = 0
+    snapshot_nodes: int = 0
+    snapshot_groups: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(Category)
+        self.counts[Category.FREE] = self.total_gpus
+        self.gpu_seconds = [0.0] * len(Category)
+
+    def advance(self, now: float) -> None:
+        """Integrate the current counts from the last change to ``now``."""
+        dt = now - self.last_t
+        if dt > 0:
+            counts = self.counts
+            secs = self.gpu_seconds
+            for i in range(len(counts)):
+                if counts[i]:
+                    secs[i] += counts[i] * dt
+            self.lent_gpu_seconds += self.lent_gpus * dt
+            self.last_t = now
+
+    def move(self, old: Category, new: Category) -> None:
+        self.counts[old] -= 1
+        self.counts[new] += 1
+
+    def sample(self, now: float) -> None:
+        self.samples.append((now, tuple(self.counts)))
+
+    def eviction(self, reason: EvictionReason, pods: int) -> None:
+        self.evictions[reason.value] += 1
+        self.evicted_pods[reason.value] += pods
+
+
+def _h(seconds: float) -> float:
+    return round(seconds / HOUR, 6)
+
+
+def summarize(m: Metrics, horizon: float) -> dict[str, object]:
+    """The per-policy figures (everything except the policy's own settings)."""
+    secs = m.gpu_seconds
+    total = m.total_gpus * horizon
+    spot_s = secs[Category.SPOT_UNALLOCATED] + secs[Category.SPOT_LENT] + secs[Category.SPOT_EXPOSED]
+    busy = spot_s + secs[Category.RESERVED] + secs[Category.OWNER_ACTIVE]
+    allocated = total - secs[Category.FREE]
+    return {
+        "reclaimed_gpu_hours": _h(secs[Category.SPOT_LENT]),
+        "spot_gpu_hours": _h(spot_s),
+        "spot_unallocated_gpu_hours": _h(secs[Category.SPOT_UNALLOCATED]),
+        "useful_spot_gpu_hours": _h(m.useful_spot_gpu_s),
+        "wasted_spot_gpu_hours": _h(m.wasted_spot_gpu_s),
+        "checkpointed_spot_gpu_hours": _h(m.checkpointed_spot_gpu_s),
+        "lent_gpu_hours": _h(m.lent_gpu_seconds),
+        "loans": m.loans,
+        "evictions": {r.value: m.evictions.get(r.value, 0) for r in EvictionReason if m.evictions.get(r.value)},
+        "evictions_total": sum(m.evictions.values()),
+        "evicted_pods": sum(m.evicted_pods.values()),
+        "owner_returns_while_lent": m.returns_while_lent,
+        "owner_returns_with_eviction": m.returns_with_eviction,
+        "owner_hold_ms_p50": round(percentile(m.holds_ms, 50), 4),
+        "owner_hold_ms_p99": round(percentile(m.holds_ms, 99), 4),
+        "owner_hold_ms_max": round(max(m.holds_ms, default=0.0), 4),
+        "owner_exposed_ms_max": round(max(m.exposures_ms, default=0.0), 4),
+        "owner_exposures": len(m.exposures_ms),
+        "spot_wait_s_p50": round(percentile(m.spot_waits, 50), 3),
+        "spot_wait_s_p99": round(percentile(m.spot_waits, 99), 3),
+        "spot_jct_s_p50": round(percentile(m.spot_jcts, 50), 3),
+        "spot_jct_s_p99": round(percentile(m.spot_jcts, 99), 3),
+        "reserved_wait_s_p50": round(percentile(m.reserved_waits, 50), 3),
+        "reserved_wait_s_p99": round(percentile(m.reserved_waits, 99), 3),
+        "gpu_allocation_rate": round(allocated / total, 6) if total else 0.0,
+        "gpu_busy_rate": round(busy / total, 6) if total else 0.0,
+        "gpu_hours_by_category": {name: _h(secs[i]) for i, name in enumerate(CATEGORY_NAMES)},
+    }
+
+
+__all__ = ["Metrics", "percentile", "summarize"]

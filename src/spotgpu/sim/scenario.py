@@ -1,0 +1,553 @@
+"""Scenario files: cluster, owners, job streams, latencies and the policies to compare.
+
+Pure apart from :func:`load_scenario` / :func:`default_scenario`, which read one YAML file, and
+:func:`build_workload`, which asks the workload sources for their data (they read traces).
+Validation goes through :func:`spotgpu.core.config.from_mapping`, so every error is a
+:class:`~spotgpu.core.config.ConfigError` whose message starts with the key path
+(``owners[1].devmachine.arriveJitter: ...``). The format is documented in docs/simulator.md;
+the embedded default is ``spotgpu/sim/data/default.yaml``.
+
+Each owner group and job stream names its ``source`` and carries that source's settings in a
+section of the same name (``source: helios`` + ``helios: {...}``); the section is loaded into
+the source's own ``config_type`` (see :mod:`spotgpu.sim.workloads.base`), so a new source
+needs no change here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from spotgpu.core.config import ConfigError, Seconds, from_mapping
+from spotgpu.core.types import NodeStrategy, SpotPriority
+from spotgpu.scheduler.config import SchedulerConfig
+from spotgpu.sim import defaults
+from spotgpu.sim.workloads import JOB_SOURCES, OWNER_SOURCES, JobRequest, OwnerRequest, OwnerTrace, PriorityRule
+from spotgpu.sim.workloads.base import TraceJob, WorkloadError
+
+DEFAULT_SCENARIO: Final = Path(__file__).resolve().parent / "data" / "default.yaml"
+DAY: Final = 86400.0
+_ONE_DAY: Final = Seconds(DAY)
+_NEVER: Final = Seconds(0.0)
+_NAME_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
+
+
+def _check_name(key: str, value: str) -> None:
+    if not value or len(value) > 30 or not set(value) <= _NAME_CHARS or not value[0].isalpha() or value[-1] == "-":
+        raise ConfigError(
+            f"{key}: {value!r} must be 1..30 lowercase letters, digits and '-', starting with a letter"
+            " (it becomes part of pod names)"
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    nodes: int = 64
+    gpus_per_node: int = 8
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ConfigError(f"nodes: must be at least 1, got {self.nodes}")
+        if not 1 <= self.gpus_per_node <= 64:
+            raise ConfigError(f"gpusPerNode: must be within 1..64, got {self.gpus_per_node}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Latencies:
+    """Node and control-plane latencies; defaults and their sources in :mod:`spotgpu.sim.defaults`."""
+
+    detect_interval: Seconds = defaults.DETECT_INTERVAL_S
+    guard_signal: Seconds = defaults.GUARD_SIGNAL_S
+    kill_first_task: Seconds = defaults.KILL_FIRST_TASK_S
+    kill_extra_task: Seconds = defaults.KILL_EXTRA_TASK_S
+    guard_release: Seconds = defaults.GUARD_RELEASE_S
+    fail_open_timeout: Seconds = defaults.FAIL_OPEN_TIMEOUT_S
+    schedule_period: Seconds | None = None
+    """None: automatic, :func:`spotgpu.sim.defaults.schedule_period` of the cluster size."""
+    spot_start: Seconds = defaults.SPOT_START_S
+    reserved_start: Seconds = defaults.RESERVED_START_S
+    gang_teardown: Seconds = defaults.GANG_TEARDOWN_S
+    requeue_delay: Seconds = defaults.REQUEUE_DELAY_S
+    shadow_release: Seconds = defaults.SHADOW_RELEASE_S
+
+    def __post_init__(self) -> None:
+        if self.detect_interval <= 0:
+            raise ConfigError("detectInterval: must be greater than zero")
+        if self.schedule_period is not None and self.schedule_period <= 0:
+            raise ConfigError("schedulePeriod: must be greater than zero")
+        if self.fail_open_timeout <= 0:
+            raise ConfigError("failOpenTimeout: must be greater than zero")
+
+    def period(self, nodes: int) -> float:
+        """The scheduling period for a cluster of ``nodes`` nodes."""
+        return self.schedule_period if self.schedule_period is not None else defaults.schedule_period(nodes)
+
+    def kill(self, tasks: int) -> float:
+        """Time to kill ``tasks`` spot tasks of one owner's GPUs through containerd (0 when none)."""
+        return 0.0 if tasks <= 0 else self.kill_first_task + (tasks - 1) * self.kill_extra_task
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PolicySpec:
+    """One policy to simulate. ``lending: false`` is the baseline: spot work only on unallocated
+    GPUs (through ShadowPods); allocated GPUs are never lent, whatever their owner does."""
+
+    name: str
+    lending: bool = True
+    max_inactive_time: Seconds = defaults.MAX_INACTIVE_TIME_S
+    strategy: NodeStrategy = NodeStrategy.LOWPOWER
+    guard: bool = True
+    """Return detection by the guard (event); false: by the detector's polling only."""
+
+    def __post_init__(self) -> None:
+        _check_name("name", self.name)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OwnerGroupKeys:
+    """An entry of ``owners:`` without its source section."""
+
+    name: str
+    source: str
+    nodes: int | None = None
+    share: float | None = None
+    gpus_per_owner: int = 8
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OwnerGroup(OwnerGroupKeys):
+    """Owners of one source; they hold whole nodes' GPUs (``nodes`` or a ``share`` of all nodes).
+    ``config`` is the source's section, loaded into its ``config_type``."""
+
+    config: Any = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobStreamKeys:
+    """An entry of ``spotJobs:`` or ``reservedJobs:`` without its source section."""
+
+    name: str
+    source: str
+    load: float | None = None
+    scale: float | None = None
+    priority: PriorityRule = dataclasses.field(default_factory=PriorityRule)
+    reserved_priority: int = 1000
+    gpus_per_pod: int | None = None
+    max_gpus: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobStream(JobStreamKeys):
+    """Jobs of one source, submitted as spot gangs (``spotJobs``) or reserved gangs (``reservedJobs``)."""
+
+    config: Any = None
+    spot: bool = True
+
+
+def _fields_of(keys: OwnerGroupKeys | JobStreamKeys) -> dict[str, Any]:
+    return {f.name: getattr(keys, f.name) for f in dataclasses.fields(keys)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _ScenarioKeys:
+    name: str = "scenario"
+    description: str = ""
+    seed: int = 1
+    duration: Seconds = _ONE_DAY
+    cluster: ClusterSpec = dataclasses.field(default_factory=ClusterSpec)
+    checkpoint_interval: Seconds = _NEVER
+    latencies: Latencies = dataclasses.field(default_factory=Latencies)
+    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
+    sample_interval: Seconds = defaults.SAMPLE_INTERVAL_S
+    policies: tuple[PolicySpec, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Scenario:
+    """A validated scenario. Build with :func:`parse_scenario`; resize with :meth:`resized`."""
+
+    name: str
+    seed: int
+    duration: float
+    cluster: ClusterSpec
+    owners: tuple[OwnerGroup, ...]
+    spot_jobs: tuple[JobStream, ...]
+    reserved_jobs: tuple[JobStream, ...]
+    policies: tuple[PolicySpec, ...]
+    latencies: Latencies = dataclasses.field(default_factory=Latencies)
+    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
+    checkpoint_interval: float = 0.0
+    """Spot jobs save their progress this often (0: never; an evicted job restarts from scratch)."""
+    sample_interval: float = defaults.SAMPLE_INTERVAL_S
+    description: str = ""
+    base_dir: Path = Path(".")
+
+    def group_nodes(self) -> list[int]:
+        """Nodes of each owner group, in order (shares of the current node count, rounded)."""
+        out = []
+        for group in self.owners:
+            if group.nodes is not None:
+                out.append(group.nodes)
+            else:
+                assert group.share is not None
+                out.append(round(group.share * self.cluster.nodes))
+        return out
+
+    def resized(self, *, nodes: int | None = None, duration: float | None = None, seed: int | None = None) -> Scenario:
+        """The same scenario on another cluster size, horizon or seed (``--nodes``/``--days``/``--seed``).
+
+        Owner groups given as a ``share`` and job streams given as a ``load`` scale with the
+        cluster; fixed ``nodes`` and ``scale`` do not.
+        """
+        cluster = self.cluster if nodes is None else dataclasses.replace(self.cluster, nodes=nodes)
+        out = dataclasses.replace(
+            self,
+            cluster=cluster,
+            duration=self.duration if duration is None else duration,
+            seed=self.seed if seed is None else seed,
+        )
+        _check_layout(out)
+        return out
+
+
+def _check_layout(s: Scenario) -> None:
+    if s.duration <= 0:
+        raise ConfigError(f"duration: must be greater than zero, got {s.duration:g}s")
+    gpn = s.cluster.gpus_per_node
+    counts = s.group_nodes()
+    if sum(counts) > s.cluster.nodes:
+        raise ConfigError(
+            f"owners: the groups need {sum(counts)} nodes ({', '.join(map(str, counts))}) but the cluster has "
+            f"{s.cluster.nodes} (cluster.nodes)"
+        )
+    for i, group in enumerate(s.owners):
+        if gpn % group.gpus_per_owner:
+            raise ConfigError(
+                f"owners[{i}].gpusPerOwner: {group.gpus_per_owner} must divide cluster.gpusPerNode ({gpn})"
+            )
+
+
+def _source_section(
+    entry: Mapping[str, object], path: str, registry_names: tuple[str, ...]
+) -> tuple[dict[str, object], str, object]:
+    """Split an entry into its common keys and its source's section (named after the source)."""
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{path}: expected a mapping, got {type(entry).__name__}")
+    source = entry.get("source")
+    if not isinstance(source, str):
+        raise ConfigError(f"{path}.source: required; one of {', '.join(registry_names)}")
+    if source not in registry_names:
+        raise ConfigError(f"{path}.source: {source!r} is not one of {', '.join(registry_names)}")
+    for other in registry_names:
+        if other != source and other in entry:
+            raise ConfigError(f"{path}.{other}: a section for source {other!r}, but source is {source!r}")
+    common = {k: v for k, v in entry.items() if k != source}
+    section = entry.get(source)
+    if section is None:
+        section = {}
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{path}.{source}: expected a mapping, got {type(section).__name__}")
+    return common, source, section
+
+
+def _owner_group(entry: Mapping[str, object], path: str) -> OwnerGroup:
+    common, source, section = _source_section(entry, path, OWNER_SOURCES.names())
+    keys = from_mapping(OwnerGroupKeys, common, path)
+    _check_name(f"{path}.name", keys.name)
+    if (keys.nodes is None) == (keys.share is None):
+        raise ConfigError(f"{path}: give exactly one of 'nodes' (a count) and 'share' (a fraction of cluster.nodes)")
+    if keys.nodes is not None and keys.nodes < 0:
+        raise ConfigError(f"{path}.nodes: must not be negative, got {keys.nodes}")
+    if keys.share is not None and not 0 <= keys.share <= 1:
+        raise ConfigError(f"{path}.share: must be within 0..1, got {keys.share}")
+    if keys.gpus_per_owner < 1:
+        raise ConfigError(f"{path}.gpusPerOwner: must be at least 1, got {keys.gpus_per_owner}")
+    assert isinstance(section, Mapping)
+    config = from_mapping(OWNER_SOURCES.get(source).config_type, section, f"{path}.{source}")
+    return OwnerGroup(**_fields_of(keys), config=config)
+
+
+def _job_stream(entry: Mapping[str, object], path: str, spot: bool) -> JobStream:
+    common, source, section = _source_section(entry, path, JOB_SOURCES.names())
+    if not spot and "priority" in common:
+        raise ConfigError(f"{path}.priority: reserved jobs have no spot priority; use reservedPriority")
+    keys = from_mapping(JobStreamKeys, common, path)
+    _check_name(f"{path}.name", keys.name)
+    if keys.load is not None and keys.scale is not None:
+        raise ConfigError(f"{path}: give at most one of 'load' and 'scale'")
+    if keys.load is not None and not 0 < keys.load <= 10:
+        raise ConfigError(f"{path}.load: must be within (0, 10], got {keys.load}")
+    if keys.scale is not None and not 0 < keys.scale <= 1000:
+        raise ConfigError(f"{path}.scale: must be within (0, 1000], got {keys.scale}")
+    if keys.gpus_per_pod is not None and keys.gpus_per_pod < 1:
+        raise ConfigError(f"{path}.gpusPerPod: must be at least 1, got {keys.gpus_per_pod}")
+    if keys.max_gpus is not None and keys.max_gpus < 1:
+        raise ConfigError(f"{path}.maxGpus: must be at least 1, got {keys.max_gpus}")
+    assert isinstance(section, Mapping)
+    config = from_mapping(JOB_SOURCES.get(source).config_type, section, f"{path}.{source}")
+    return JobStream(**_fields_of(keys), config=config, spot=spot)
+
+
+def _list(data: Mapping[str, object], key: str) -> list[object]:
+    value = data.get(key, [])
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def parse_scenario(data: object, base_dir: Path = Path(".")) -> Scenario:
+    """Validate a scenario mapping (parsed YAML); relative trace paths resolve against ``base_dir``."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"<root>: a scenario is a mapping, got {type(data).__name__}")
+    lists = ("owners", "spotJobs", "reservedJobs")
+    top = from_mapping(_ScenarioKeys, {k: v for k, v in data.items() if k not in lists})
+    owners = tuple(_owner_group(e, f"owners[{i}]") for i, e in enumerate(_list(data, "owners")))  # type: ignore[arg-type]
+    spot = tuple(_job_stream(e, f"spotJobs[{i}]", True) for i, e in enumerate(_list(data, "spotJobs")))  # type: ignore[arg-type]
+    reserved = tuple(
+        _job_stream(e, f"reservedJobs[{i}]", False)  # type: ignore[arg-type]
+        for i, e in enumerate(_list(data, "reservedJobs"))
+    )
+    for key, items in (("owners", owners), ("spotJobs", spot), ("reservedJobs", reserved)):
+        names = [x.name for x in items]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ConfigError(f"{key}: names must be unique, {dup} repeated")
+    stream_names = [s.name for s in (*spot, *reserved)]
+    if len(set(stream_names)) != len(stream_names):
+        raise ConfigError("spotJobs: spot and reserved streams must have different names")
+    policies = top.policies or DEFAULT_POLICIES
+    pnames = [p.name for p in policies]
+    if len(set(pnames)) != len(pnames):
+        raise ConfigError(f"policies: names must be unique, got {pnames}")
+    if top.checkpoint_interval < 0:
+        raise ConfigError("checkpointInterval: must not be negative")
+    if top.sample_interval <= 0:
+        raise ConfigError("sampleInterval: must be greater than zero")
+    scenario = Scenario(
+        name=top.name,
+        seed=top.seed,
+        duration=float(top.duration),
+        cluster=top.cluster,
+        owners=owners,
+        spot_jobs=spot,
+        reserved_jobs=reserved,
+        policies=policies,
+        latencies=top.latencies,
+        scheduler=top.scheduler,
+        checkpoint_interval=float(top.checkpoint_interval),
+        sample_interval=float(top.sample_interval),
+        description=top.description,
+        base_dir=base_dir,
+    )
+    _check_layout(scenario)
+    return scenario
+
+
+def load_scenario(path: Path) -> Scenario:
+    """Read and validate a scenario YAML file (errors name the file and the key)."""
+    import yaml
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read scenario: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    try:
+        return parse_scenario(data, path.resolve().parent)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def default_scenario() -> Scenario:
+    """The embedded default scenario (``spotgpu simulate`` with no arguments)."""
+    return load_scenario(DEFAULT_SCENARIO)
+
+
+DEFAULT_POLICIES: Final = (
+    PolicySpec("baseline", lending=False, strategy=NodeStrategy.IDLE),
+    PolicySpec("lowpower-2m", max_inactive_time=Seconds(120.0)),
+    PolicySpec("lowpower-10m", max_inactive_time=Seconds(600.0)),
+    PolicySpec("lowpower-30m", max_inactive_time=Seconds(1800.0)),
+    PolicySpec("idle-10m", max_inactive_time=Seconds(600.0), strategy=NodeStrategy.IDLE),
+)
+"""Used when a scenario lists no policies: the baseline, three ``maxInactiveTime`` values with
+the ``lowpower`` strategy, and the ``idle`` strategy at the agent's default 10 min."""
+
+
+# --- the workload a scenario implies (identical for every policy) -----------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OwnerSlot:
+    """An owner placed on the cluster: ``node`` index and the first GPU index it holds."""
+
+    trace: OwnerTrace
+    group: str
+    node: int
+    first_gpu: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A job to submit: a gang of ``len(pod_gpus)`` pods, all needed (minMember = all)."""
+
+    name: str
+    stream: str
+    origin: str
+    arrival: float
+    duration: float
+    pod_gpus: tuple[int, ...]
+    priority: SpotPriority | None
+    """Spot priority; None for reserved jobs."""
+    reserved_priority: int = 0
+
+    @property
+    def gpus(self) -> int:
+        return sum(self.pod_gpus)
+
+    @property
+    def spot(self) -> bool:
+        return self.priority is not None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Workload:
+    """Everything the sources produced for a scenario: the same input for every policy."""
+
+    owners: tuple[OwnerSlot, ...]
+    jobs: tuple[JobSpec, ...]
+    spare_nodes: int
+    """Nodes no owner group holds (their GPUs start unallocated)."""
+
+
+def _pods(gpus: int, per_pod: int) -> tuple[int, ...]:
+    full, rest = divmod(gpus, per_pod)
+    return (per_pod,) * full + ((rest,) if rest else ())
+
+
+def build_workload(s: Scenario) -> Workload:
+    """Ask every source for its owners and jobs, place owners on nodes, split jobs into pods.
+
+    Owner groups take consecutive nodes in order; the remaining nodes are unallocated. Job
+    names are ``<stream>-<n>`` in arrival order. Raises :class:`ConfigError` naming the group or
+    stream whose source failed.
+    """
+    gpn = s.cluster.gpus_per_node
+    total_gpus = s.cluster.nodes * gpn
+    slots: list[OwnerSlot] = []
+    node = 0
+    for i, (group, count) in enumerate(zip(s.owners, s.group_nodes(), strict=True)):
+        per_node = gpn // group.gpus_per_owner
+        request = OwnerRequest(group.name, count * per_node, group.gpus_per_owner, s.duration, str(s.seed), s.base_dir)
+        try:
+            traces = OWNER_SOURCES.get(group.source).build(group.config, request)
+        except WorkloadError as exc:
+            raise ConfigError(f"owners[{i}] ({group.name}): {exc}") from None
+        if len(traces) != request.count:
+            raise ConfigError(f"owners[{i}] ({group.name}): source gave {len(traces)} owners, {request.count} needed")
+        for j, trace in enumerate(traces):
+            slots.append(OwnerSlot(trace, group.name, node + j // per_node, (j % per_node) * group.gpus_per_owner))
+        node += count
+    jobs: list[JobSpec] = []
+    for key, streams in (("spotJobs", s.spot_jobs), ("reservedJobs", s.reserved_jobs)):
+        for i, stream in enumerate(streams):
+            max_gpus = min(stream.max_gpus or total_gpus, total_gpus)
+            target = None if stream.load is None else stream.load * total_gpus * s.duration
+            scale = None if stream.load is not None else 1.0 if stream.scale is None else stream.scale
+            job_request = JobRequest(
+                stream.name, s.duration, target, scale, max_gpus, f"{s.seed}:{stream.name}", s.base_dir
+            )
+            try:
+                raw = JOB_SOURCES.get(stream.source).build(stream.config, job_request)
+            except WorkloadError as exc:
+                raise ConfigError(f"{key}[{i}] ({stream.name}): {exc}") from None
+            jobs.extend(_job_specs(stream, raw, stream.gpus_per_pod or gpn))
+    jobs.sort(key=lambda j: (j.arrival, j.name))
+    return Workload(tuple(slots), tuple(jobs), s.cluster.nodes - node)
+
+
+def _job_specs(stream: JobStream, raw: list[TraceJob], per_pod: int) -> list[JobSpec]:
+    out = []
+    width = max(5, len(str(len(raw))))
+    for n, job in enumerate(raw):
+        pods = _pods(job.gpus, per_pod)
+        priority = stream.priority.assign(job) if stream.spot else None
+        out.append(
+            JobSpec(
+                f"{stream.name}-{n:0{width}d}",
+                stream.name,
+                job.origin,
+                job.arrival,
+                job.duration,
+                pods,
+                priority,
+                0 if stream.spot else stream.reserved_priority,
+            )
+        )
+    return out
+
+
+def scenario_summary(s: Scenario, w: Workload) -> dict[str, object]:
+    """What the report says about the input (sizes, offered load)."""
+    gpus = s.cluster.nodes * s.cluster.gpus_per_node
+    owner_gpus = sum(o.trace.gpus for o in w.owners)
+    active = sum(o.trace.gpus * o.trace.active_seconds(s.duration) for o in w.owners)
+    spot = [j for j in w.jobs if j.spot]
+    reserved = [j for j in w.jobs if not j.spot]
+
+    def offered(jobs: list[JobSpec]) -> float:
+        return sum(j.gpus * max(0.0, min(j.duration, s.duration - j.arrival)) for j in jobs) / (gpus * s.duration)
+
+    return {
+        "name": s.name,
+        "description": s.description,
+        "seed": s.seed,
+        "simulated_hours": s.duration / 3600,
+        "nodes": s.cluster.nodes,
+        "gpus": gpus,
+        "owners": len(w.owners),
+        "owner_gpus": owner_gpus,
+        "unallocated_gpus": gpus - owner_gpus,
+        "owner_active_fraction": active / (owner_gpus * s.duration) if owner_gpus else 0.0,
+        "spot_jobs": len(spot),
+        "reserved_jobs": len(reserved),
+        "spot_offered_load": offered(spot),
+        "reserved_offered_load": offered(reserved),
+        "checkpoint_interval_s": s.checkpoint_interval,
+        "schedule_period_s": s.latencies.period(s.cluster.nodes),
+        "owner_groups": [
+            {"name": g.name, "source": g.source, "nodes": n, "gpus_per_owner": g.gpus_per_owner}
+            for g, n in zip(s.owners, s.group_nodes(), strict=True)
+        ],
+    }
+
+
+__all__ = [
+    "DEFAULT_POLICIES",
+    "DEFAULT_SCENARIO",
+    "ClusterSpec",
+    "JobSpec",
+    "JobStream",
+    "JobStreamKeys",
+    "Latencies",
+    "OwnerGroup",
+    "OwnerGroupKeys",
+    "OwnerSlot",
+    "PolicySpec",
+    "Scenario",
+    "Workload",
+    "build_workload",
+    "default_scenario",
+    "load_scenario",
+    "parse_scenario",
+    "scenario_summary",
+]
