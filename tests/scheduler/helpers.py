@@ -125,3 +125,16 @@ class Cluster:
 
     def snapshot(self) -> Snapshot:
         return Snapshot.of([n.obj() for n in self.nodes.values()], QUEUES, self.groups, self.pods, self.shadows)
+
+    def shadow(self, name: str, node: str, indexes: Sequence[int], *, group: str | None = None) -> PodRef:
+        """A ShadowPod from an earlier cycle holding GPUs ``indexes`` of ``node`` (Healthy twins).
+
+        Spot gangs placed with ``via_shadow=False`` on these GPUs then share it, as after the
+        scheduler reused the idle GPUs of a ShadowPod whose own gang had finished.
+        """
+        ref_ = PodRef(NS, name)
+        self.nodes[node].owner(indexes, ref_.container("main"), active=False)
+        self.shadows.append(
+            ShadowPod(ref_, NodeName(node), tuple(gpu_id(node, j) for j in indexes), group=ref(group or name))
+        )
+        return ref_

@@ -43,3 +43,30 @@ def test_synthetic_cluster_is_deterministic_and_valid() -> None:
     assert result.binds
     plan = select_victims(with_preemptor(a, 4), PREEMPTOR, now=1_700_000_000.0)
     assert plan.possible
+
+
+def test_shadow_reuse_shares_shadowpods_between_gangs_and_keeps_other_draws() -> None:
+    """``--shadow-reuse 1``: every pool node's ShadowPods are one, shared by several gangs and holding
+    an idle GPU; placements, pending pods and the reserved owners are the same as without it."""
+    now = 1_700_000_000.0
+    plain = synthetic_snapshot(30, 8, 50, 60, seed=7)
+    shared = synthetic_snapshot(30, 8, 50, 60, seed=7, shadow_reuse=1.0)
+    assert shared.pods == plain.pods and shared.groups == plain.groups
+    assert len({s.node for s in shared.shadows}) == len(shared.shadows) < len(plain.shadows)
+    users = {d: p.group for p in shared.pods if p.node is not None for d in p.devices}
+    multi = [s for s in shared.shadows if len({users[d] for d in s.devices if d in users}) > 1]
+    assert multi, "some ShadowPod is shared by several gangs"
+    assert all(any(d not in users for d in s.devices) for s in multi), "each holds an idle GPU"
+    run_cycle(shared, now=now)  # valid: no SnapshotError
+    plan = select_victims(with_preemptor(shared, 8), PREEMPTOR, now=now)
+    assert plan.possible
+    freed = {d for n in plan.nominations for d in n.devices}
+    evicted = {e.pod for e in plan.evictions}
+    for s in shared.shadows:  # a nominated GPU's ShadowPod loses every user
+        if freed.intersection(s.devices):
+            assert all(p.ref in evicted for p in shared.pods if p.node is not None and set(p.devices) & set(s.devices))
+
+
+def test_shadow_reuse_out_of_range_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "scheduler", "--shadow-reuse", "1.5", "--json"]) == 2
+    assert "--shadow-reuse must be between 0 and 1" in capsys.readouterr().err

@@ -13,6 +13,7 @@ from spotgpu.scheduler import (
     SchedulerConfig,
     ShadowPod,
     Snapshot,
+    VictimScale,
     run_cycle,
     select_victims,
 )
@@ -200,6 +201,34 @@ def test_nominated_gpus_are_kept_from_spot_work() -> None:
     (deletion,) = result.shadow_deletions
     assert deletion.pod == shadow
     assert result.nominations == () and result.cleared_nominations == ()  # unchanged nomination
+
+
+def test_a_partial_snapshot_with_the_cluster_victim_scale_chooses_like_the_full_one() -> None:
+    """Scores are normalised over the running spot gangs. Gang "big" (8 pods, 8 GPUs, on n2) is
+    left out of the partial snapshot: without the scale, tasks and GPUs weigh more and "wide"
+    (2 pods) looks costlier than the long-running "long"; with the scale, as in the full one,
+    "wide" is evicted."""
+    c = Cluster()
+    c.node("n1", 3)
+    c.node("n2", 8)
+    c.spot_running("wide", [("n1", [0]), ("n1", [1])], started=NOW - 100)
+    c.spot_running("long", [("n1", [2])], started=NOW - 1000)
+    c.spot_running("big", [("n2", [i]) for i in range(8)], started=NOW - 500)
+    c.add(gang("res", 1, gpus=1))
+    full = c.snapshot()
+    assert evicted_groups(run_cycle(full, now=NOW)) == {"wide"}
+    partial = Snapshot(
+        tuple(n for n in full.nodes if n.name == "n1"),
+        full.queues,
+        tuple(g for g in full.groups if g.ref != ref("big")),
+        tuple(p for p in full.pods if p.group != "big"),
+        tuple(s for s in full.shadows if s.node == "n1"),
+    )
+    assert evicted_groups(run_cycle(partial, now=NOW)) == {"long"}  # normalised over fewer gangs
+    scale = VictimScale(tasks=8, milli=8000, earliest_start=NOW - 1000)
+    scaled = dataclasses.replace(partial, victim_scale=scale)
+    assert evicted_groups(run_cycle(scaled, now=NOW)) == {"wide"}
+    assert select_victims(scaled, ref("res"), now=NOW).victims == (ref("wide"),)
 
 
 def test_select_victims_is_a_what_if() -> None:

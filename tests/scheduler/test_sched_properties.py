@@ -12,6 +12,9 @@ the snapshot they were made from:
   node does not allow lending;
 * a gang is placed fully (to min_member) or not at all;
 * reserved work is never evicted, and only reserved gangs evict;
+* every nomination standing after the cycle can be honoured: the GPU's spot users, and for a
+  GPU held by a ShadowPod the users of every GPU of that ShadowPod (it is released whole), are
+  being evicted or gone; no spot pod is bound onto a ShadowPod with a nominated GPU;
 * victims follow the weights (separate test: on one node, the evicted gangs are those with the
   lowest policy scores, computed here independently).
 """
@@ -27,7 +30,15 @@ from hypothesis import strategies as st
 from spotgpu.core.ids import DeviceID
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import GPU_MILLI, Health, NodeStrategy, QueueType, SpotPriority
-from spotgpu.scheduler import CycleResult, PodGroupPhase, SchedulerConfig, Snapshot, open_session, run_cycle
+from spotgpu.scheduler import (
+    CycleResult,
+    Nomination,
+    PodGroupPhase,
+    SchedulerConfig,
+    Snapshot,
+    open_session,
+    run_cycle,
+)
 from spotgpu.scheduler.state import Lend
 from spotgpu.scheduler.testing import MakeNode, apply_result
 
@@ -97,6 +108,36 @@ def check_invariants(snap: Snapshot, result: CycleResult) -> None:
     for ref in evicted_gangs:  # whole gangs
         live = {p.ref for p in snap.pods if p.group_ref == ref and p.node is not None and not p.evicting}
         assert live == {ev.pod for ev in result.evictions if ev.group == ref}
+    check_nominations(snap, result)
+
+
+def check_nominations(snap: Snapshot, result: CycleResult) -> None:
+    """Standing nominations only on GPUs that will be released; nothing new on a draining ShadowPod."""
+    evicted = {ev.pod for ev in result.evictions}
+    dropped = {c.pod for c in result.cleared_nominations} | {b.pod for b in result.binds}
+    standing = {p.ref: p.nominated for p in snap.pods if p.nominated is not None and p.ref not in dropped}
+    standing.update({n.pod: Nomination(n.node, n.devices) for n in result.nominations})
+    live: dict[DeviceID, list[PodRef]] = {}
+    for p in snap.pods:
+        if p.node is not None and p.request.is_spot and not p.evicting and p.ref not in evicted:
+            for d in p.devices:
+                live.setdefault(d, []).append(p.ref)
+    shadow_of = {d: s for s in snap.shadows for d in s.devices}
+    nominated = {d for nom in standing.values() if nom is not None for d in nom.devices}
+    for bind in result.binds:
+        if bind.spot:
+            for d in bind.devices:
+                live.setdefault(d, []).append(bind.pod)
+                sh = shadow_of.get(d)
+                if sh is not None:
+                    assert not nominated.intersection(sh.devices), f"spot {bind.pod} on draining {sh.ref}"
+    for pod, nom in standing.items():
+        assert nom is not None
+        for d in nom.devices:
+            sh = shadow_of.get(d)
+            unit = sh.devices if sh is not None and not sh.deleting else (d,)
+            blockers = [u for x in unit for u in live.get(x, ())]
+            assert not blockers, f"{pod} nominated to {d}, which {blockers} keep"
 
 
 def check_index(snap: Snapshot, config: SchedulerConfig, now: float) -> None:
@@ -115,7 +156,12 @@ def check_index(snap: Snapshot, config: SchedulerConfig, now: float) -> None:
         assert (ns.pkey is None) == (not reclaim)
         if ns.pkey is not None:
             assert -ns.pkey.neg_available == len(reclaim)
-            assert -ns.pkey.neg_zero_cost == sum(g.live == 0 for g in reclaim)
+            zero = [
+                g
+                for g in reclaim
+                if g.live == 0 and (g.shadow is None or g.shadow.deleting or not any(d.live for d in g.shadow.devices))
+            ]
+            assert -ns.pkey.neg_zero_cost == len(zero)
 
 
 node_spec = st.tuples(

@@ -17,6 +17,7 @@ from spotgpu.scheduler import (
     ShadowPod,
     Snapshot,
     SnapshotError,
+    VictimScale,
     run_cycle,
     select_victims,
 )
@@ -214,6 +215,26 @@ def test_a_refused_snapshot_yields_no_decisions_at_all() -> None:
 def test_now_must_be_a_finite_number() -> None:
     with pytest.raises(SnapshotError, match="now must be a finite number"):
         run_cycle(snapshot([]), now=float("nan"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tasks": -1}, "victim scale: tasks must be a non-negative integer, got -1"),
+        ({"milli": 1.5}, "victim scale: milli must be a non-negative integer, got 1.5"),
+        ({"tasks": True}, "victim scale: tasks must be a non-negative integer, got True"),
+        ({"earliest_start": float("inf")}, "victim scale: earliest_start must be a finite time or None, got inf"),
+    ],
+)
+def test_bad_victim_scale_is_refused(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(SnapshotError, match=message):
+        VictimScale(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_victim_scale_of_the_wrong_type_is_refused() -> None:
+    snap = dataclasses.replace(snapshot([MakeNode("n1", 1).obj()]), victim_scale=(1, 2, 3.0))
+    with pytest.raises(SnapshotError, match="snapshot victim_scale must be a VictimScale or None, got tuple"):
+        run_cycle(snap, now=1.0)
 
 
 def test_select_victims_refuses_unknown_or_spot_groups() -> None:

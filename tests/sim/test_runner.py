@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +13,12 @@ import pytest
 import yaml
 
 from spotgpu.cli import main
+from spotgpu.scheduler import CycleResult, SchedulerConfig, Snapshot, VictimScale
 from spotgpu.sim.progress import Progress
 from spotgpu.sim.report import render_html, summary_table, write_outputs
 from spotgpu.sim.runner import simulate
 from spotgpu.sim.scenario import build_workload, default_scenario
-from spotgpu.sim.simulation import Hooks, run_policy
+from spotgpu.sim.simulation import Hooks, Simulation, real_scheduler, run_policy
 
 REQUIRED_POLICY_KEYS = {
     "name",
@@ -100,6 +102,39 @@ def test_trimmed_snapshots_decide_like_full_ones(small: Any) -> None:
         full = run_policy(scenario, workload, policy, Hooks(trim_snapshots=False))
         assert trimmed.summary == {**full.summary, "invariant_checks": trimmed.summary["invariant_checks"]}
         assert trimmed.metrics.snapshot_nodes < full.metrics.snapshot_nodes
+
+
+def test_trimmed_snapshots_carry_the_cluster_wide_victim_scale(small: Any) -> None:
+    """Victim scores are normalised over every running spot gang; a trimmed snapshot leaves some
+    out, so it carries the maxima over the whole model (checked here against the model's pods at
+    every cycle; without it the default scenario's trimmed runs chose other victims)."""
+    scenario = small
+    workload = build_workload(scenario)
+    policy = scenario.policies[2]
+    checked: list[float] = []
+    sim: Simulation | None = None
+
+    def scheduler(snapshot: Snapshot, config: SchedulerConfig, now: float) -> CycleResult:
+        assert sim is not None
+        facts: dict[int, tuple[int, int, float]] = {}
+        for pod in sim.pods.values():
+            if pod.job.spot and pod.node is not None and not pod.evicting:
+                tasks, milli, start = facts.get(pod.job.index, (0, 0, math.inf))
+                assert pod.job.bound_at is not None
+                facts[pod.job.index] = (tasks + 1, milli + pod.request.gpus * 1000, min(start, pod.job.bound_at))
+        expected = VictimScale(
+            tasks=max((f[0] for f in facts.values()), default=0),
+            milli=max((f[1] for f in facts.values()), default=0),
+            earliest_start=min((f[2] for f in facts.values()), default=None),
+        )
+        assert snapshot.victim_scale == expected, now
+        checked.append(now)
+        return real_scheduler(snapshot, config, now)
+
+    sim = Simulation(scenario, workload, policy, Hooks(scheduler=scheduler))
+    run = sim.run()
+    assert len(checked) == run.summary["scheduler_cycles"] > 50
+    assert run.summary["evictions"].get("ReservedPreempt", 0) > 0
 
 
 def test_report_files(result: Any, tmp_path: Path) -> None:

@@ -8,18 +8,33 @@ from typing import Any
 
 import pytest
 
+from spotgpu.sim import defaults
 from spotgpu.sim.metrics import percentile
 from spotgpu.sim.model import Category
 from spotgpu.sim.scenario import Scenario, build_workload, parse_scenario
 from spotgpu.sim.simulation import Hooks, Simulation
 
 HOUR = 3600.0
-SIGNAL, KILL, RELEASE = 46e-6, 8e-3, 46e-6  # the defaults (spotgpu.sim.defaults)
+SIGNAL, KILL, RELEASE = 46e-6, 8e-3, 46e-6
+LATENCIES: dict[str, Any] = {
+    "guardSignal": "46us",
+    "killFirstTask": "8ms",
+    "killExtraTask": "1ms",
+    "guardRelease": "46us",
+    "spotStart": 0,
+    "reservedStart": 0,
+    "gangTeardown": "1s",
+    "shadowRelease": "1s",
+    "requeueDelay": 0,
+}
+"""Explicit, round latencies: the figures below are computed by hand from these, whatever the
+defaults (which follow the benchmarks, spotgpu.sim.defaults) become."""
 
 
 def scenario(**data: Any) -> Scenario:
     base: dict[str, Any] = {"name": "t", "seed": 5, "checkpointInterval": "30m"}
     base.update(data)
+    base["latencies"] = {**LATENCIES, **data.get("latencies", {})}
     return parse_scenario(base)
 
 
@@ -178,6 +193,22 @@ def test_reserved_preempt_without_checkpoints_wastes_the_work() -> None:
     spot = next(j for j in sim.jobs if j.spot)
     assert spot.done_at == pytest.approx(5402.0 + 2 * HOUR)
     assert summary["useful_spot_gpu_hours"] == pytest.approx(16.0)
+
+
+def test_default_latencies_reach_the_model() -> None:
+    """Without a ``latencies`` section the benchmark-derived defaults apply: the spot job starts
+    ``SPOT_START_S`` after it is bound, and the owner's hold on return is signal + the kill of one
+    task + release (one pod: one task)."""
+    data = {k: v for k, v in OWNER_BACK.items() if k != "latencies"}
+    s = parse_scenario({"name": "t", "seed": 5, "checkpointInterval": "30m", **data})
+    assert s.latencies.kill(8) == pytest.approx(23.4e-3, abs=1e-5)  # the fit to `bench agent --containers 8` p50
+    sim, summary = run(s, "lend")
+    p = sim.owners[0].poll_phase
+    job = sim.jobs[0]
+    assert job.first_start == pytest.approx(p + 4190 + defaults.SPOT_START_S, abs=1e-6)  # lent, bound, started
+    assert job.started_at == pytest.approx(p + 14990 + defaults.SPOT_START_S, abs=1e-6)  # again after the return
+    hold = defaults.GUARD_SIGNAL_S + defaults.KILL_FIRST_TASK_S + defaults.GUARD_RELEASE_S
+    assert summary["owner_hold_ms_max"] == pytest.approx(hold * 1000)
 
 
 def test_percentile_interpolates_between_ranks() -> None:

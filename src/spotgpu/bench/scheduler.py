@@ -14,6 +14,11 @@ The synthetic cluster (seeded, :func:`synthetic_snapshot`):
   per pod) on pool nodes through ShadowPods, spread so that a pool node carries at most half its
   GPUs of spot work; 40% shared (250 or 500 milli) on idle owners' GPUs. Random spot tiers, start
   times up to a day back.
+* ``--shadow-reuse F`` (default 0): on a share ``F`` of the pool nodes carrying spot work, all
+  the node's ShadowPods are one ShadowPod (the oldest) that also holds one idle GPU: spot gangs
+  took the idle GPUs of an earlier gang's ShadowPod, as the ``idle`` strategy does, so the
+  ShadowPod can only go when every one of them is evicted (the shape victim selection must
+  cost; issue 3's fix). Drawn from its own seeded stream: other draws do not change.
 * ``--pending-pods`` pending pods in gangs of 1-8 (``min_member`` = gang size): 40% reserved
   (1, 2, 4 or 8 GPUs per pod, weights 4:3:2:1; priorities 0/100/1000) over three reserved queues,
   60% spot (70% exclusive with 1-2 GPUs, 30% shared 250/500 milli) over two spot queues.
@@ -89,6 +94,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"spot pods already placed (default {shape['running_spot_pods']})",
     )
     parser.add_argument("--seed", type=int, default=1, help="seed of the synthetic cluster (default 1)")
+    parser.add_argument(
+        "--shadow-reuse",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="share of pool nodes with spot work whose ShadowPods are one, shared by several gangs (default 0)",
+    )
     parser.add_argument("--victim-repeats", type=int, default=200, help="victim-selection runs to time (default 200)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--profile", type=int, metavar="N", default=0, help="cProfile the cycle; top N to stderr")
@@ -114,7 +126,14 @@ class _NodeDraft:
 
 
 def synthetic_snapshot(
-    nodes: int, gpus_per_node: int, pending: int, running: int, *, seed: int, now: float = NOW
+    nodes: int,
+    gpus_per_node: int,
+    pending: int,
+    running: int,
+    *,
+    seed: int,
+    now: float = NOW,
+    shadow_reuse: float = 0.0,
 ) -> Snapshot:
     """The benchmark's cluster (see the module docstring). Deterministic for a seed."""
     rng = random.Random(seed)
@@ -208,7 +227,34 @@ def synthetic_snapshot(
         pods.extend(Pod(PodRef("jobs", f"{ref.name}-{k}"), ref.name, request, created_at=float(k)) for k in range(size))
         pending -= size
         n += 1
+    if shadow_reuse > 0:
+        shadows = _merge_shadows(drafts, shadows, shadow_reuse, random.Random(f"{seed}/shadow-reuse"))
     return Snapshot(tuple(d.obj() for d in drafts), tuple(queues), tuple(groups), tuple(pods), tuple(shadows))
+
+
+def _merge_shadows(
+    drafts: list[_NodeDraft], shadows: list[ShadowPod], share: float, rng: random.Random
+) -> list[ShadowPod]:
+    """On a ``share`` of the nodes with ShadowPods, one ShadowPod holds them all plus one idle GPU."""
+    by_node: dict[NodeName, list[ShadowPod]] = {}
+    for shadow in shadows:
+        by_node.setdefault(shadow.node, []).append(shadow)
+    out: list[ShadowPod] = []
+    for node_name, held in by_node.items():
+        if rng.random() >= share:
+            out.extend(held)
+            continue
+        first = min(held, key=lambda sh: (sh.created_at, sh.ref.name))
+        draft = drafts[int(node_name.rsplit("-", 1)[1])]
+        devices = [dev for sh in held for dev in sh.devices]
+        idle = next((j for j in range(len(draft.gpus)) if draft.owner[j] is None and not draft.milli[j]), None)
+        if idle is not None:
+            devices.append(draft.gpus[idle])
+        owner = first.container_ref
+        for dev in devices:
+            draft.owner[draft.gpus.index(dev)] = owner
+        out.append(ShadowPod(first.ref, node_name, tuple(devices), group=first.group, created_at=first.created_at))
+    return out
 
 
 def with_preemptor(snapshot: Snapshot, gpus: int) -> Snapshot:
@@ -232,7 +278,12 @@ def _percentile(values: list[float], q: float) -> float:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     snapshot = synthetic_snapshot(
-        args.nodes, args.gpus_per_node, args.pending_pods, args.running_spot_pods, seed=args.seed
+        args.nodes,
+        args.gpus_per_node,
+        args.pending_pods,
+        args.running_spot_pods,
+        seed=args.seed,
+        shadow_reuse=args.shadow_reuse,
     )
     build_seconds = time.perf_counter() - t0
     config = SchedulerConfig()
@@ -280,6 +331,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "pending_pods": args.pending_pods,
         "running_spot_pods": sum(1 for p in snapshot.pods if p.node is not None),
         "seed": args.seed,
+        "shadow_reuse": args.shadow_reuse,
+        "shadows": len(snapshot.shadows),
         "pods_placed": pods_placed,
         "reserved_pods_placed": pods_placed - spot_binds,
         "spot_pods_placed": spot_binds,
@@ -322,6 +375,9 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) < (1 if name in ("nodes", "gpus_per_node", "victim_repeats") else 0):
             print(f"spotgpu bench scheduler: --{name.replace('_', '-')} is out of range", file=sys.stderr)
             return 2
+    if not 0.0 <= args.shadow_reuse <= 1.0:
+        print("spotgpu bench scheduler: --shadow-reuse must be between 0 and 1", file=sys.stderr)
+        return 2
     figures = measure(args)
     if args.json:
         print(json.dumps(figures, sort_keys=False))

@@ -41,6 +41,7 @@ from spotgpu.scheduler.model import (
     Snapshot,
     SnapshotError,
     Unschedulable,
+    VictimScale,
     parse_node_annotations,
 )
 
@@ -72,6 +73,7 @@ __all__ = [
     "Snapshot",
     "SnapshotError",
     "Unschedulable",
+    "VictimScale",
     "open_session",
     "parse_node_annotations",
     "run_cycle",

@@ -19,6 +19,7 @@ Conventions:
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -394,12 +395,43 @@ class ShadowPod:
 
 
 @dataclass(frozen=True, slots=True)
+class VictimScale:
+    """Cluster-wide maxima that victim scores are normalised by, for a snapshot that leaves gangs out.
+
+    The victim policy normalises each factor by its maximum over the running spot gangs (see the
+    spot plugin). A snapshot that leaves nodes out, and with them running spot gangs, would
+    normalise over fewer gangs and could rank victims differently than a full one. Given a
+    scale, a cycle normalises by the larger of the snapshot's own maxima and these, so a partial
+    snapshot that holds every candidate victim scores exactly like the full one. Over the running
+    spot gangs (placed pods not being evicted): ``tasks`` the most pods of one gang, ``milli``
+    the most GPU milli of one gang (1000 per whole GPU), ``earliest_start`` the earliest start
+    time of a gang (its earliest pod's ``start_time``; ``None``: no gang).
+    """
+
+    tasks: int = 0
+    milli: int = 0
+    earliest_start: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tasks", "milli"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SnapshotError(f"victim scale: {name} must be a non-negative integer, got {value!r}")
+        start = self.earliest_start
+        if start is not None and (
+            isinstance(start, bool) or not isinstance(start, int | float) or not math.isfinite(start)
+        ):
+            raise SnapshotError(f"victim scale: earliest_start must be a finite time or None, got {start!r}")
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything one cycle needs. Build with tuples; :meth:`of` accepts any iterables.
 
     ``pods`` are the pods spotgpu schedules (members of PodGroups), pending or placed. Reserved
     pods not scheduled by spotgpu (a developer machine started by the default scheduler) do not
-    appear here: they appear as the ``owner`` of the GPUs they hold.
+    appear here: they appear as the ``owner`` of the GPUs they hold. ``victim_scale``: only for
+    snapshots that leave running spot gangs out (see :class:`VictimScale`).
     """
 
     nodes: tuple[Node, ...]
@@ -407,6 +439,7 @@ class Snapshot:
     groups: tuple[PodGroup, ...]
     pods: tuple[Pod, ...]
     shadows: tuple[ShadowPod, ...] = ()
+    victim_scale: VictimScale | None = None
 
     @classmethod
     def of(
@@ -416,8 +449,10 @@ class Snapshot:
         groups: Iterable[PodGroup] = (),
         pods: Iterable[Pod] = (),
         shadows: Iterable[ShadowPod] = (),
+        *,
+        victim_scale: VictimScale | None = None,
     ) -> Snapshot:
-        return cls(tuple(nodes), tuple(queues), tuple(groups), tuple(pods), tuple(shadows))
+        return cls(tuple(nodes), tuple(queues), tuple(groups), tuple(pods), tuple(shadows), victim_scale)
 
 
 # --------------------------------------------------------------------------------------------
@@ -672,5 +707,6 @@ __all__ = [
     "Snapshot",
     "SnapshotError",
     "Unschedulable",
+    "VictimScale",
     "parse_node_annotations",
 ]

@@ -22,7 +22,7 @@ from typing import TypeVar
 from spotgpu.core.ids import DeviceID, NodeName, ResourceName
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import GPU_MILLI, Health, NodeStrategy, QueueType, SpotPriority
-from spotgpu.scheduler.model import GPU, Node, Pod, PodGroup, Queue, ShadowPod, Snapshot, SnapshotError
+from spotgpu.scheduler.model import GPU, Node, Pod, PodGroup, Queue, ShadowPod, Snapshot, SnapshotError, VictimScale
 
 
 class TaskKind(StrEnum):
@@ -94,7 +94,8 @@ class PreemptKey:
     top_priority: int
     """Highest spot priority among live spot users of reclaimable GPUs (0: none)."""
     neg_zero_cost: int
-    """Minus the GPUs available without new victims (free, or all users already evicting)."""
+    """Minus the GPUs available without new victims (free, or all users already evicting; for a
+    GPU held by a ShadowPod that is not being deleted: no live user on any of its GPUs)."""
     neg_available: int
     """Minus the GPUs available with victims."""
     resource: ResourceName
@@ -104,7 +105,7 @@ class PreemptKey:
 class ShadowState:
     """A ShadowPod, from the snapshot or created in this cycle."""
 
-    __slots__ = ("created_at", "deleting", "devices", "group", "new", "node", "owner", "ref")
+    __slots__ = ("created_at", "deleting", "devices", "group", "new", "node", "nominated", "owner", "ref")
 
     def __init__(
         self, ref: PodRef, owner: ContainerRef, node: NodeState, group: PodRef | None, created_at: float, *, new: bool
@@ -117,6 +118,14 @@ class ShadowState:
         self.new = new
         self.deleting = False
         self.devices: list[GPUState] = []
+        self.nominated = 0
+        """How many of its GPUs are nominated for a preempting pod. While any is, the ShadowPod is
+        *draining*: it has to go as a whole (a pod's resources are immutable), so no new spot work
+        may use any of its GPUs."""
+
+    def live_users(self) -> bool:
+        """Whether any of its GPUs has a spot user that is not being evicted (it cannot go yet)."""
+        return any(g.live for g in self.devices)
 
 
 class GPUState:
@@ -159,7 +168,7 @@ class GPUState:
         if self.owner is None:
             return Lend.NEW_SHADOW
         if self.shadow is not None:
-            return Lend.NO if self.shadow.deleting else Lend.SHADOW
+            return Lend.NO if self.shadow.deleting or self.shadow.nominated else Lend.SHADOW
         if self.holder is not None and self.holder.tentative:
             return Lend.NO  # placed in this cycle: its owner is about to start, not idle
         return Lend.LENT if self.node.node.lending else Lend.NO
@@ -169,7 +178,12 @@ class GPUState:
         return self.healthy and self.owner is None and not self.users and self.nominee is None
 
     def reclaimable(self) -> bool:
-        """Preemption could free it for a reserved task (spot users and ShadowPods only)."""
+        """Preemption could free it for a reserved task (spot users and ShadowPods only).
+
+        Necessary, not sufficient: a ShadowPod-held GPU is freed only with its whole ShadowPod,
+        i.e. once every spot user of *any* of the ShadowPod's GPUs is gone
+        (:mod:`spotgpu.scheduler.victims` counts that cost).
+        """
         return self.healthy and (self.owner is None or (self.shadow is not None and not self.shadow.new))
 
 
@@ -283,6 +297,8 @@ class ClusterState:
         self.tasks: dict[PodRef, TaskState] = {}
         self.shadows: dict[ContainerRef, ShadowState] = {}
         self.bad_nominations: list[tuple[PodRef, str]] = []
+        self.victim_scale: VictimScale | None = None
+        """Cluster-wide normalisation maxima for victim scores, when the snapshot is partial."""
         # class index: NodeClass -> ordered set of nodes
         self.classes: dict[NodeClass, dict[NodeState, None]] = {}
         self.class_list: list[NodeClass] = []
@@ -301,6 +317,10 @@ class ClusterState:
         if not isinstance(snapshot, Snapshot):
             raise SnapshotError(f"expected a Snapshot, got {type(snapshot).__name__}")
         state = cls(now)
+        scale = snapshot.victim_scale
+        if scale is not None and not isinstance(scale, VictimScale):
+            raise SnapshotError(f"snapshot victim_scale must be a VictimScale or None, got {type(scale).__name__}")
+        state.victim_scale = scale
         device_node: dict[DeviceID, NodeName] = {}
         for order, node in enumerate(_typed(snapshot.nodes, Node, "nodes")):
             if node.name in state.nodes:
@@ -468,6 +488,8 @@ class ClusterState:
                 continue
             for g in gpus:
                 g.nominee = task
+                if g.shadow is not None:
+                    g.shadow.nominated += 1
             task.nomination = (ns, gpus)
 
     # -- helpers ----------------------------------------------------------------------------
@@ -557,6 +579,8 @@ class ClusterState:
             if g.nominee is not None:
                 raise AssertionError(f"{g.id} is nominated for {g.nominee.ref} already")
             g.nominee = task
+            if g.shadow is not None:
+                g.shadow.nominated += 1
         task.nomination = (ns, gpus)
         self.refresh(ns)
 
@@ -567,6 +591,8 @@ class ClusterState:
         ns, gpus = nom
         for g in gpus:
             g.nominee = None
+            if g.shadow is not None:
+                g.shadow.nominated -= 1
         task.nomination = None
         self.refresh(ns)
         self.capacity_epoch += 1
@@ -586,6 +612,7 @@ class ClusterState:
             g.owner = None
             g.shadow = None
         shadow.devices.clear()
+        shadow.nominated = 0
         del self.shadows[shadow.owner]
         self.refresh(shadow.node)
         self.capacity_epoch += 1
@@ -610,6 +637,7 @@ class ClusterState:
             lending = node.lending
             free = spot_u = spot_l = zero = avail = top = 0
             partials: list[int] = []
+            idle_in_shadow: list[ShadowState] | None = None
             for g in ns.gpus:
                 if not g.healthy or g.nominee is not None:
                     continue
@@ -621,7 +649,7 @@ class ClusterState:
                     if not users:
                         free += 1
                 elif shadow is not None:
-                    lend = Lend.NO if shadow.deleting else Lend.SHADOW
+                    lend = Lend.NO if shadow.deleting or shadow.nominated else Lend.SHADOW
                 else:
                     holder = g.holder
                     lend = Lend.LENT if lending and (holder is None or not holder.tentative) else Lend.NO
@@ -636,11 +664,19 @@ class ClusterState:
                 if owner is None or (shadow is not None and not shadow.new):
                     avail += 1
                     if g.live == 0:
-                        zero += 1
+                        if shadow is None or shadow.deleting:
+                            zero += 1
+                        elif idle_in_shadow is None:
+                            idle_in_shadow = [shadow]
+                        else:
+                            idle_in_shadow.append(shadow)
                     else:
                         for u in users:
                             if not u.evicting and u.job.priority > top:
                                 top = u.job.priority
+            if idle_in_shadow is not None:
+                # Freed only with the whole ShadowPod: zero cost only if none of its GPUs has a live user.
+                zero += sum(1 for sh in idle_in_shadow if not sh.live_users())
             partials.sort()
             key = (
                 node.resource,

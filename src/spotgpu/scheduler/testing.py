@@ -317,7 +317,12 @@ def apply_result(snapshot: Snapshot, result: CycleResult, now: float, *, evicted
         else:
             nodes.append(node)
     return Snapshot(
-        tuple(nodes), snapshot.queues, tuple(groups.values()), tuple(pods.values()), tuple(shadows.values())
+        tuple(nodes),
+        snapshot.queues,
+        tuple(groups.values()),
+        tuple(pods.values()),
+        tuple(shadows.values()),
+        snapshot.victim_scale,
     )
 
 

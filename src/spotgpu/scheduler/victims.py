@@ -8,25 +8,34 @@ order: nodes whose reclaimable GPUs carry only low-priority spot work first, the
 GPUs free without new victims. At most ``preemptCandidateNodes`` feasible nodes are evaluated
 (a node where no new victim is needed ends the search at once). On a node:
 
-* usable GPUs are healthy and unallocated or held by a ShadowPod (never a reserved owner's), and
-  not nominated for another pod;
-* a GPU whose users are all already being evicted, or that has none, costs nothing (victims
-  already being evicted count as freed: no eviction storm);
-* a GPU with live spot users is freed only if every one of their gangs is evicted. Candidate gangs
-  are taken in ascending ``victim score / GPUs it frees on this node`` until enough GPUs are
-  freed; then, highest score first, any gang not needed is given back, so the set is minimal;
+* usable GPUs are healthy and unallocated or held by a ShadowPod from an earlier cycle (never a
+  reserved owner's), and not nominated for another pod;
+* GPUs are freed in *release units*. A pod's resources are immutable, so a ShadowPod releases
+  all its GPUs or none: its usable GPUs form one unit, freed only once every spot gang using
+  *any* of its GPUs (usable or not) is gone. An unallocated GPU, or one whose ShadowPod is
+  already being deleted, is a unit of its own, freed once its own users are gone;
+* a unit whose users are all already being evicted, or that has none, costs nothing (victims
+  already being evicted count as freed: no eviction storm); a unit with a user placed in this
+  cycle, or one the preemptor may not evict, cannot be freed;
+* otherwise the victims are a set of gangs of least total victim score, then fewest gangs, that
+  frees enough units (:func:`_cheapest_cover`: exact; units sharing gangs are searched together,
+  independent groups are combined by a knapsack over the GPU count);
 * the node with the lowest total victim score wins (then fewer victims, then index order).
 
 Whole gangs are evicted: a victim's pods on other nodes go too (and those GPUs then count as
-freed for the remaining tasks of the same preemptor).
+freed for the remaining tasks of the same preemptor). The nominated GPUs' ShadowPod is then
+*draining* (:class:`~spotgpu.scheduler.state.ShadowState`): no new spot work may use any of its
+GPUs, and it is deleted once its users are gone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from spotgpu.scheduler.framework import Session, Statement
-from spotgpu.scheduler.state import GPUState, JobState, NodeState, TaskState
+from spotgpu.scheduler.state import GPUState, JobState, NodeState, ShadowState, TaskState
 
 
 @dataclass(slots=True)
@@ -77,12 +86,65 @@ class _Costs:
         return score
 
 
+class _Unit:
+    """GPUs that are freed together: one GPU, or every usable GPU of one ShadowPod.
+
+    ``mask`` has a bit per spot gang that must be evicted for the unit to be freed (its live
+    users, on any GPU of the ShadowPod); ``waiting`` are users already being evicted.
+    """
+
+    __slots__ = ("gpus", "mask", "waiting")
+
+    def __init__(self, mask: int, waiting: list[TaskState]) -> None:
+        self.mask = mask
+        self.waiting = waiting
+        self.gpus: list[GPUState] = []
+
+
+def _unit(costs: _Costs, gpus: list[GPUState], bits: dict[JobState, int]) -> _Unit | None:
+    """The release unit of ``gpus`` (all of one ShadowPod, or one GPU).
+
+    None if it cannot be freed: a user was placed in this cycle, or the preemptor may not evict it.
+    """
+    mask = 0
+    waiting: list[TaskState] = []
+    allowed = costs.allowed
+    for g in gpus:
+        for u in g.users:
+            if u.tentative:
+                return None  # placed in this cycle: not in the cluster yet, nothing to evict
+            if u.evicting:
+                waiting.append(u)
+                continue
+            j = u.job
+            ok = allowed.get(j)
+            if ok is None:
+                ok = costs.may_evict(j)
+            if not ok:
+                return None
+            bit = bits.get(j)
+            if bit is None:
+                bit = bits[j] = 1 << len(bits)
+            mask |= bit
+    return _Unit(mask, waiting)
+
+
 def _evaluate(costs: _Costs, task: TaskState, ns: NodeState) -> TaskPlan | None:
+    """The cheapest way to free ``task.gpus`` GPUs on ``ns`` for ``task``, or None.
+
+    A GPU is usable when it is healthy, not nominated for another pod, and unallocated or held
+    by a ShadowPod from an earlier cycle. It is freed with its *release unit*: an unallocated GPU
+    (or one whose ShadowPod is already being deleted) once its own spot users are gone; a GPU of
+    a ShadowPod only once the whole ShadowPod can be deleted, i.e. once every spot user of any of
+    its GPUs (usable or not) is gone. Units without live users cost nothing.
+    """
     k = task.gpus
     free_now: list[GPUState] = []
     freeing: list[GPUState] = []
-    costly: list[tuple[GPUState, set[JobState]]] = []
-    allowed = costs.allowed
+    zero_waiting: list[TaskState] = []
+    costly: list[_Unit] = []
+    bits: dict[JobState, int] = {}
+    units: dict[ShadowState | GPUState, _Unit | None] = {}
     for g in ns.gpus:
         nominee = g.nominee
         if (nominee is not None and nominee is not task) or not g.healthy:
@@ -90,57 +152,170 @@ def _evaluate(costs: _Costs, task: TaskState, ns: NodeState) -> TaskPlan | None:
         shadow = g.shadow
         if g.owner is not None and (shadow is None or shadow.new):
             continue  # a reserved owner's GPU, or one lent through a ShadowPod created in this cycle
-        if g.live == 0:
-            (free_now if g.owner is None and not g.users else freeing).append(g)
-            continue
-        jobs: set[JobState] = set()
-        for u in g.users:
-            if u.tentative:
-                break  # placed in this cycle: not in the cluster yet, nothing to evict
-            if not u.evicting:
-                j = u.job
-                ok = allowed.get(j)
-                if ok is None:
-                    ok = costs.may_evict(j)
-                if not ok:
-                    break
-                jobs.add(j)
+        key: ShadowState | GPUState
+        if shadow is not None and not shadow.deleting:
+            key, members = shadow, shadow.devices  # released whole
+        elif g.users:
+            key, members = g, [g]
         else:
-            costly.append((g, jobs))
+            # nobody uses it: free now if unallocated, else once its ShadowPod (being deleted) is gone
+            (free_now if g.owner is None else freeing).append(g)
+            continue
+        if key in units:
+            unit = units[key]  # an earlier GPU of the same ShadowPod
+        else:
+            unit = units[key] = _unit(costs, members, bits)
+            if unit is not None and unit.mask:
+                costly.append(unit)
+            elif unit is not None:
+                zero_waiting.extend(unit.waiting)
+        if unit is None:
+            continue
+        if unit.mask:
+            unit.gpus.append(g)
+        else:
+            freeing.append(g)
     zero = free_now + freeing  # free now first, then those still being freed
-    if len(zero) + len(costly) < k:
-        return None
     if len(zero) >= k:
         chosen = zero[:k]
-        return TaskPlan(ns, chosen, [], [u for g in chosen for u in g.users if u.evicting], 0.0)
-    waiting = [u for g in freeing for u in g.users if u.evicting]
+        if not zero_waiting:
+            return TaskPlan(ns, chosen, [], [], 0.0)
+        return TaskPlan(ns, chosen, [], _waiting_for(chosen, units), 0.0)
     need = k - len(zero)
-    credit: dict[JobState, float] = {}
-    for _, jobs in costly:
-        share = 1.0 / len(jobs)
-        for j in jobs:
-            credit[j] = credit.get(j, 0.0) + share
-    scores = {j: costs.score(j) for j in credit}
-    order = sorted(credit, key=lambda j: (scores[j] / credit[j], scores[j], j.ref))
-    victims: set[JobState] = set()
-    freed: list[GPUState] = []
-    for j in order:
-        victims.add(j)
-        freed = [g for g, jobs in costly if jobs <= victims]
-        if len(freed) >= need:
-            break
-    else:
+    if sum(len(u.gpus) for u in costly) < need:
         return None
-    if len(victims) > 1:
-        for j in sorted(victims, key=lambda j: (-scores[j], j.ref)):
-            rest = victims - {j}
-            without = [g for g, jobs in costly if jobs <= rest]
-            if len(without) >= need:
-                victims = rest
-                freed = without
-    chosen = zero + freed[:need]
-    ordered = sorted(victims, key=lambda j: (scores[j], j.ref))
-    return TaskPlan(ns, chosen, ordered, waiting, sum(scores[j] for j in ordered))
+    jobs = list(bits)  # bit i is jobs[i]
+    scores = [costs.score(j) for j in jobs]
+    victims_mask = _cheapest_cover(costly, need, scores)
+    freed_units = [u for u in costly if not u.mask & ~victims_mask]
+    chosen = zero + [g for u in freed_units for g in u.gpus][:need]
+    waiting = list(zero_waiting)
+    for u in freed_units:
+        waiting.extend(u.waiting)
+    ordered = sorted((j for i, j in enumerate(jobs) if victims_mask >> i & 1), key=lambda j: (costs.score(j), j.ref))
+    return TaskPlan(ns, chosen, ordered, _dedup(waiting), sum(costs.score(j) for j in ordered))
+
+
+def _waiting_for(chosen: list[GPUState], units: dict[ShadowState | GPUState, _Unit | None]) -> list[TaskState]:
+    """Users already being evicted that the chosen zero-cost GPUs wait for (on their whole unit)."""
+    out: list[TaskState] = []
+    seen: set[ShadowState | GPUState] = set()
+    for g in chosen:
+        key: ShadowState | GPUState = g.shadow if g.shadow is not None and not g.shadow.deleting else g
+        unit = units.get(key)
+        if unit is not None and key not in seen:
+            seen.add(key)
+            out.extend(unit.waiting)
+    return _dedup(out)
+
+
+def _dedup(tasks: list[TaskState]) -> list[TaskState]:
+    return list(dict.fromkeys(tasks)) if len(tasks) > 1 else tasks
+
+
+_Choice = tuple[float, int, int]
+"""(total victim score, victims, victim mask): smaller is better (cost first, then fewer gangs)."""
+
+_ENUMERATE_UNITS: Final = 12
+"""Intertwined units (sharing gangs) up to this many are searched exhaustively (2^n subsets);
+larger tangles (rare: shared spot spread over many GPUs) fall back to a greedy order."""
+
+
+def _cheapest_cover(units: list[_Unit], need: int, scores: list[float]) -> int:
+    """The victim set (bit mask) of least total score, then fewest gangs, freeing >= ``need`` GPUs.
+
+    Exact for the sizes a node has: units that share no gang form independent components; each
+    component's options (for every number of GPUs it can free, the cheapest victim set doing
+    so) come from enumerating its unit subsets, and one option per component is then combined
+    by a small knapsack over the GPU count (``need`` <= GPUs per node). A victim set frees every
+    unit whose gangs it contains, so taking the union of some units' gangs covers all optimal
+    sets. The caller guarantees that all units together free at least ``need`` GPUs.
+    """
+    total = sum(len(u.gpus) for u in units)
+    if total - min(len(u.gpus) for u in units) < need:
+        mask = 0  # every unit is needed
+        for u in units:
+            mask |= u.mask
+        return mask
+    # components: units linked by a shared gang
+    comps: list[tuple[int, list[_Unit]]] = []
+    for u in units:
+        mask, members = u.mask, [u]
+        rest = []
+        for cm, cu in comps:
+            if cm & mask:
+                mask |= cm
+                members.extend(cu)
+            else:
+                rest.append((cm, cu))
+        rest.append((mask, members))
+        comps = rest
+    cost_cache: dict[int, _Choice] = {}
+
+    def choice(mask: int) -> _Choice:
+        c = cost_cache.get(mask)
+        if c is None:
+            total_score = 0.0
+            n = 0
+            m, i = mask, 0
+            while m:
+                if m & 1:
+                    total_score += scores[i]
+                    n += 1
+                m >>= 1
+                i += 1
+            c = cost_cache[mask] = (total_score, n, mask)
+        return c
+
+    # best[g]: cheapest combination freeing g GPUs (capped at need) over the components so far
+    best: list[_Choice | None] = [None] * (need + 1)
+    best[0] = (0.0, 0, 0)
+    for _, members in comps:
+        options = _component_options(members, need, choice)
+        merged = list(best)
+        for have, base in enumerate(best):
+            if base is None:
+                continue
+            for gain, opt in options.items():
+                target = min(need, have + gain)
+                cand = (base[0] + opt[0], base[1] + opt[1], base[2] | opt[2])
+                cur = merged[target]
+                if cur is None or cand[:2] < cur[:2]:
+                    merged[target] = cand
+        best = merged
+    final = best[need]
+    assert final is not None, "the units free fewer GPUs than needed"
+    return final[2]
+
+
+def _component_options(members: list[_Unit], need: int, choice: Callable[[int], _Choice]) -> dict[int, _Choice]:
+    """For each number of GPUs (capped at ``need``) the component can free, its cheapest victim set."""
+    options: dict[int, _Choice] = {}
+
+    def offer(mask: int) -> None:
+        gain = min(need, sum(len(u.gpus) for u in members if not u.mask & ~mask))
+        c = choice(mask)
+        cur = options.get(gain)
+        if cur is None or c[:2] < cur[:2]:
+            options[gain] = c
+
+    if len(members) == 1:
+        offer(members[0].mask)
+    elif len(members) <= _ENUMERATE_UNITS:
+        seen: set[int] = set()
+        masks = [0]
+        for u in members:  # the unions of every subset of the members' gang sets
+            masks += [m | u.mask for m in masks]
+        for mask in masks[1:]:
+            if mask not in seen:
+                seen.add(mask)
+                offer(mask)
+    else:
+        mask = 0
+        for u in sorted(members, key=lambda u: choice(u.mask)[:2]):
+            mask |= u.mask
+            offer(mask)
+    return options
 
 
 _Cache = dict[NodeState, tuple[int, int, TaskPlan | None]]

@@ -53,7 +53,7 @@ from spotgpu.core.ids import DeviceID, NodeName
 from spotgpu.core.lending import LowpowerDetector, OwnerBusy, OwnerIdle
 from spotgpu.core.mapping_cache import IDLE_SPACE, DeviceEntry, MappingSnapshot, Owner, OwnerEntry
 from spotgpu.core.refs import ContainerRef, PodRef
-from spotgpu.core.types import EvictionReason, Health, QueueType
+from spotgpu.core.types import GPU_MILLI, EvictionReason, Health, QueueType
 from spotgpu.scheduler.config import SchedulerConfig
 from spotgpu.scheduler.model import (
     GPU,
@@ -69,6 +69,7 @@ from spotgpu.scheduler.model import (
     Queue,
     ShadowPod,
     Snapshot,
+    VictimScale,
 )
 from spotgpu.sim import defaults
 from spotgpu.sim.engine import Engine, Priority
@@ -293,6 +294,10 @@ class Simulation:
         self.last_cycle = -math.inf
         self.nominated: dict[DeviceID, PodSim] = {}
         """Devices kept for a preempting reserved pod (no spot pod may take them)."""
+        self.placed_spot: dict[int, JobSim] = {}
+        """Spot gangs bound and not evicted, in bind order (the first started earliest)."""
+        self.placed_sizes: dict[tuple[int, int], int] = {}
+        """How many of them have each (pods, GPU milli): the victim score's normalisation maxima."""
         self.queues = (Queue(RESERVED_QUEUE, QueueType.RESERVED), Queue(SPOT_QUEUE, QueueType.SPOT))
         self.profile = {"scheduler_s": 0.0, "snapshot_s": 0.0, "apply_s": 0.0}
         self._handlers: dict[type, Callable[[Event], None]] = {
@@ -646,6 +651,7 @@ class Simulation:
             self.engine.cancel(job.completion)
             job.completion = None
         job.phase = JobPhase.EVICTED
+        self._unplaced(job)
         job.evictions.append(reason)
         self.metrics.eviction(reason, len(job.pods))
         for pod in job.pods:
@@ -654,6 +660,8 @@ class Simulation:
             pod.cached = None
             for gpu in pod.gpus:
                 self._touch(gpu)
+            if pod.node is not None:
+                self.dirty.add(pod.node)  # its preemption key: these GPUs are being freed
         self.engine.at(now + self.lat.gang_teardown, PodsGone(job.index, job.attempt), Priority.CONTROLLER)
 
     def _pods_gone(self, event: PodsGone) -> None:
@@ -668,8 +676,33 @@ class Simulation:
                 job.attempt += 1
                 self._new_pods(job)
 
+    def _unplaced(self, job: JobSim) -> None:
+        """``job`` no longer counts among the running spot gangs (evicted or done)."""
+        if self.placed_spot.pop(job.index, None) is not None:
+            size = (len(job.pods), job.spec.gpus * GPU_MILLI)
+            left = self.placed_sizes[size] - 1
+            if left:
+                self.placed_sizes[size] = left
+            else:
+                del self.placed_sizes[size]
+
+    def victim_scale(self) -> VictimScale:
+        """The victim score's normalisation over every running spot gang (for trimmed snapshots).
+
+        The scheduler's facts per gang are its placed pods not being evicted, their GPU milli and
+        its earliest pod start; in the model a bound spot gang has all its pods placed, started at
+        ``bound_at``, until it is evicted (pods evicting) or done.
+        """
+        first = next(iter(self.placed_spot.values()), None)
+        return VictimScale(
+            tasks=max((t for t, _ in self.placed_sizes), default=0),
+            milli=max((m for _, m in self.placed_sizes), default=0),
+            earliest_start=first.bound_at if first is not None else None,
+        )
+
     def _remove_pods(self, job: JobSim) -> None:
         now = self.engine.now
+        self._unplaced(job)
         for pod in job.pods:
             for gpu in pod.gpus:
                 if job.spot:
@@ -775,6 +808,18 @@ class Simulation:
         """Refresh a changed node: twin health (the agent's rule), its scheduler object, its indexes."""
         health = self._twin_health(node)
         nominated = self.nominated
+        # The scheduler's ShadowPod rules: a ShadowPod is released whole, so its GPUs are free
+        # without victims only if none has a live user, and no spot work joins a ShadowPod that
+        # is being deleted or has a GPU nominated for a preemptor (draining).
+        busy: set[ShadowSim] = set()
+        closed: set[ShadowSim] = set()
+        for gpu in node.gpus:
+            shadow = gpu.shadow
+            if shadow is not None:
+                if any(not u.evicting for u in gpu.users):
+                    busy.add(shadow)
+                if shadow.deleting or gpu.id in nominated:
+                    closed.add(shadow)
         objs = []
         kind = []
         free_twins = unallocated = 0
@@ -789,21 +834,23 @@ class Simulation:
             healthy = twin is Health.HEALTHY
             users = gpu.users
             held = gpu.owner is not None
+            shadow = gpu.shadow
             marked = gpu.id in nominated
-            if healthy and not users and not marked:
+            draining = shadow is not None and shadow in closed
+            if healthy and not users and not marked and not draining:
                 free_twins += 1
-            if not held or gpu.shadow is not None:
+            if not held or shadow is not None:
                 unallocated += 1
                 avail += 1
                 live = [u for u in users if not u.evicting]
                 if live:
                     top = max(top, *(_priority_value(u) for u in live))
-                else:
+                elif shadow is None or shadow.deleting or shadow not in busy:
                     zero += 1
                 if not held and not users and not marked:
                     free_real = True
-            holder = 0 if not held else 1 if gpu.shadow is not None else 2 if gpu.owner_sim is not None else 3
-            kind.append((holder, healthy, marked, bool(users), sum(u.request.milli for u in users)))
+            holder = 0 if not held else 1 if shadow is not None else 2 if gpu.owner_sim is not None else 3
+            kind.append((holder, healthy, marked, draining, bool(users), sum(u.request.milli for u in users)))
         node.cached = Node(node.name, tuple(objs), lending=self.lending, strategy=self.policy.strategy)
         node.free_twins = free_twins
         node.unallocated = unallocated
@@ -938,8 +985,15 @@ class Simulation:
                 pods[pod] = self._pod_obj(pod)
         self.metrics.snapshot_nodes += len(node_objs)
         self.metrics.snapshot_groups += len(groups)
+        # A trimmed snapshot leaves running spot gangs out: victims are scored as in the full one.
+        scale = self.victim_scale() if self.hooks.trim_snapshots else None
         return Snapshot(
-            tuple(node_objs), self.queues, tuple(groups.values()), tuple(pods.values()), tuple(shadows.values())
+            tuple(node_objs),
+            self.queues,
+            tuple(groups.values()),
+            tuple(pods.values()),
+            tuple(shadows.values()),
+            scale,
         )
 
     def _spot_candidates(self, pending: list[JobSim]) -> list[JobSim]:
@@ -971,7 +1025,8 @@ class Simulation:
     def _first_per_kind(candidates: set[NodeSim], cap: int) -> set[NodeSim]:
         """The first ``cap`` candidate nodes (in snapshot order) of each node *kind*.
 
-        A kind is the multiset of per-GPU states (holder, twin health, nomination, users, milli):
+        A kind is the multiset of per-GPU states (holder, twin health, nomination, ShadowPod
+        draining or being deleted, users, milli):
         a refinement of the scheduler's node class, whose members it tries in snapshot order
         (a node that changes class during the cycle goes to the end of its new class). Each
         placement moves its node to another class, so a cycle with ``cap`` pending pods can
@@ -1047,6 +1102,7 @@ class Simulation:
                 continue
             shadow.deleting = True
             shadow.cached = None
+            self.dirty.add(shadow.node)
             self.idle_shadows.pop(shadow.ref, None)
             self.engine.at(now + self.lat.shadow_release, ShadowGone(shadow.ref), Priority.CONTROLLER)
         for clear in result.cleared_nominations:
@@ -1155,6 +1211,10 @@ class Simulation:
         for pod in job.pods:
             pod.cached = None
         del self.pending[job.index]
+        if job.spot:
+            self.placed_spot[job.index] = job
+            size = (len(job.pods), job.spec.gpus * GPU_MILLI)
+            self.placed_sizes[size] = self.placed_sizes.get(size, 0) + 1
         start = self.lat.spot_start if job.spot else self.lat.reserved_start
         event = JobStart(job.index, job.attempt)
         if start > 0:

@@ -20,7 +20,9 @@ gangs of the cycle::
       + task_resource * milli / max_milli + running_duration * d
 
 with ``d = duration / max_duration`` (durationPolicy ``shortest``: the shortest-running is
-evicted first, least work lost) or ``1 - duration / max_duration`` (``longest``).
+evicted first, least work lost) or ``1 - duration / max_duration`` (``longest``). When the
+snapshot carries a :class:`~spotgpu.scheduler.model.VictimScale` (it leaves running gangs out),
+each maximum is the larger of the snapshot's own and the scale's.
 """
 
 from __future__ import annotations
@@ -56,6 +58,12 @@ class SpotPlugin:
             max_tasks = max(max_tasks, tasks)
             max_milli = max(max_milli, milli)
             max_duration = max(max_duration, duration)
+        scale = session.state.victim_scale
+        if scale is not None:
+            max_tasks = max(max_tasks, scale.tasks)
+            max_milli = max(max_milli, scale.milli)
+            if scale.earliest_start is not None:
+                max_duration = max(max_duration, self.now - scale.earliest_start)
         self.max_tasks, self.max_milli, self.max_duration = max_tasks, max_milli, max_duration
 
     # -- placement --------------------------------------------------------------------------
