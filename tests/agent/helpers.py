@@ -114,6 +114,7 @@ def make_rig(
     start: bool = True,
     plugin: bool = False,
     replicas: int = 1,
+    shared: int = 0,
     store: LendStore | None = None,
     runtime_service: RuntimeServiceFactory | None = None,
     owner_record: Path | None = None,
@@ -136,6 +137,7 @@ def make_rig(
         metrics_address="127.0.0.1:0",
         runtime_socket=tmp_path / "agent.sock",
         twin_replicas=replicas,
+        shared_replicas=shared,
     )
     agent = Agent(
         config,

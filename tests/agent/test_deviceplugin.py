@@ -8,6 +8,7 @@ GetDevicePluginOptions before answering, ListAndWatch, Allocate) and restarts li
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,7 +44,7 @@ def twins(rig: Rig, *idx: int) -> set[str]:
 def test_registers_after_serving_and_streams_twins_with_numa(rig: Rig, kubelet: KubeletDouble) -> None:
     reg = kubelet.wait_registered(RES)
     assert reg.version == "v1beta1" and reg.endpoint == "spotgpu-spot-gpu.sock"
-    assert not reg.pre_start_required and not reg.get_preferred_allocation_available
+    assert not reg.pre_start_required and reg.get_preferred_allocation_available  # steering
     devices = kubelet.wait_devices(RES, lambda d: len(d) == 4)
     assert {d: s.numa_nodes for d, s in devices.items()} == {to_spot_id(x.id): (x.numa_node,) for x in rig.devices}
     assert kubelet.healthy(RES) == twins(rig, 2, 3)
@@ -137,7 +138,10 @@ def test_options_and_preferred_allocation_over_the_wire(rig: Rig, kubelet: Kubel
     with grpc.insecure_channel(f"unix://{plugin.socket}") as channel:
         stub = dp_grpc.DevicePluginStub(channel)
         options = stub.GetDevicePluginOptions(dp.Empty(), timeout=5)
-        assert not options.pre_start_required
+        assert not options.pre_start_required and options.get_preferred_allocation_available
         stub.PreStartContainer(dp.PreStartContainerRequest(devices_ids=["x"]), timeout=5)
-    chosen = kubelet.preferred_allocation(RES, ["a", "b", "c"], ["c"], 2)
-    assert chosen == ["c", "a"]
+    rig.agent.solver.settings = dataclasses.replace(rig.agent.solver.settings, candidate_wait=0.01)  # no pod waits
+    free = sorted(twins(rig, 2, 3))
+    # must_include always comes first; IDs the plugin does not serve are never preferred
+    assert kubelet.preferred_allocation(RES, [*free, "spot-unknown"], [free[1]], 2) == [free[1], free[0]]
+    assert kubelet.preferred_allocation(RES, ["a", "b"], [], 1) == []

@@ -183,6 +183,78 @@ def test_what_the_scheduler_placed_claims_unallocated_gpus_until_the_agent_repor
     assert [s.key for s in b.skipped] == ["ml/sh2"]
 
 
+def spot_pod(name: str, gpu: str, *, milli: int | None = None, created: str = "2024-01-01T00:00:00Z") -> dict[str, Any]:
+    """A placed spot pod the scheduler assigned ``gpu`` (shared when ``milli`` is given)."""
+    resource = "platform/spot-gpu-shared" if milli is not None else "platform/spot-gpu"
+    annotations = {keys.ASSIGNED_DEVICES: json.dumps({"platform/spot-gpu": [f"spot-{gpu}"]})}
+    if milli is not None:
+        annotations[keys.SPOT_GPU_MILLI] = str(milli)
+    obj = pod(name, "g", {resource: "1"}, node_name="n1", annotations=annotations)
+    obj["metadata"]["creationTimestamp"] = created
+    return obj
+
+
+def lent_node(**use: dict[str, Any]) -> dict[str, Any]:
+    """n1 with GPU-a and GPU-b lent (both Healthy), per device extra state from the agent."""
+    return node(
+        state={d: {"owner": "dev/alice/main", "health": "Healthy", **use.get(d, {})} for d in ("GPU-a", "GPU-b")}
+    )
+
+
+def test_shared_spot_pods_request_the_shared_resource_with_their_milli() -> None:
+    b = build(
+        nodes=[lent_node()],
+        podgroups=[group("g", "spot-queue")],
+        pods=[spot_pod("s", "GPU-a", milli=300), pod("bad", "g", {"platform/spot-gpu-shared": "2"})],
+    )
+    (shared,) = b.snapshot.pods
+    assert shared.request == GPURequest.shared(300) and shared.devices == ("GPU-a",)
+    (skipped,) = b.skipped
+    assert skipped.key == "ml/bad" and "exactly 1" in skipped.reason
+
+
+def test_the_agents_report_of_what_the_kubelet_allocated_wins_over_the_assignment() -> None:
+    state = {"GPU-b": {"pods": ["ml/s"], "users": 1, "replicas": 4}}
+    b = build(
+        nodes=[lent_node(**state)], podgroups=[group("g", "spot-queue")], pods=[spot_pod("s", "GPU-a", milli=300)]
+    )
+    (placed,) = b.snapshot.pods
+    assert placed.devices == ("GPU-b",)
+    assert [g.twin for g in b.snapshot.nodes[0].gpus] == [Health.HEALTHY, Health.HEALTHY]
+
+
+def test_spot_pods_that_cannot_share_a_gpu_are_left_out_reported_ones_first() -> None:
+    # the kubelet put x (exclusive) on GPU-b, where the scheduler had put y and z (shared)
+    state = {"GPU-b": {"pods": ["ml/x"], "users": 1}}
+    pods = [
+        spot_pod("y", "GPU-b", milli=600, created="2024-01-01T00:00:01Z"),
+        spot_pod("z", "GPU-b", milli=600, created="2024-01-01T00:00:02Z"),
+        spot_pod("x", "GPU-a"),
+    ]
+    b = build(nodes=[lent_node(**state)], podgroups=[group("g", "spot-queue")], pods=pods)
+    assert [p.ref.name for p in b.snapshot.pods] == ["x"]
+    assert sorted(s.key for s in b.skipped) == ["ml/y", "ml/z"]
+    assert all("contradicts" in s.reason for s in b.skipped)
+    state = {"GPU-b": {"pods": [], "users": 0}}  # nothing admitted yet: y fits, z would exceed one GPU
+    b = build(nodes=[lent_node(**state)], podgroups=[group("g", "spot-queue")], pods=pods[:2])
+    assert [p.ref.name for p in b.snapshot.pods] == ["y"] and [s.key for s in b.skipped] == ["ml/z"]
+
+
+def test_a_gpu_whose_shared_replicas_are_taken_is_not_lendable_for_new_spot_pods() -> None:
+    state = {"GPU-a": {"pods": ["ml/p"], "users": 1, "replicas": 2}, "GPU-b": {"replicas": 2}}
+    pods = [spot_pod("p", "GPU-a", milli=100), spot_pod("q", "GPU-a", milli=100)]  # q: bound, not admitted yet
+    b = build(nodes=[lent_node(**state)], podgroups=[group("g", "spot-queue")], pods=pods)
+    assert len(b.snapshot.pods) == 2
+    assert [g.twin for g in b.snapshot.nodes[0].gpus] == [Health.UNHEALTHY, Health.HEALTHY]
+
+
+@pytest.mark.parametrize("extra", [{"pods": "ml/p"}, {"pods": ["no-slash"]}, {"replicas": -1}, {"replicas": True}])
+def test_malformed_spot_use_leaves_the_node_out(extra: dict[str, Any]) -> None:
+    b = build(nodes=[lent_node(**{"GPU-a": extra}), node("n2")])
+    assert [n.name for n in b.snapshot.nodes] == ["n2"]
+    assert b.skipped[0].kind == "Node"
+
+
 def test_a_missing_queue_leaves_the_group_and_its_pods_out() -> None:
     b = build(podgroups=[group("g", "nope")], pods=[pod("p", "g", {"platform/spot-gpu": "1"})])
     assert b.snapshot.groups == () and b.snapshot.pods == ()

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from spotgpu.core.codec import parse_devices_from
+from spotgpu.core.ids import shared_resource_of
 from spotgpu.core.mapping_cache import IDLE_SPACE
 from spotgpu.core.refs import ContainerRef
 from spotgpu.runtime.config import RuntimeConfig
@@ -76,6 +77,21 @@ def test_shared_replica_twins_grant_the_base_device() -> None:
     assert [d.device for d in plan({"_/dev-box/main": {"nvidia.com/gpu": ["GPU-a"]}}, lookup).devices] == ["GPU-a"]
 
 
+def test_replicas_of_the_shared_spot_resource_grant_the_base_device() -> None:
+    """Shared spot pods hold replicas of ``platform/spot-gpu-shared`` (the agent's sharedReplicas)."""
+    lookup = standard_lookup()
+    lookup.pods[2] = pod(SPOT_CTR, (shared_resource_of(SPOT), ["spot-GPU-a::1"]))
+    assert [d.device for d in plan({"_/dev-box/main": {"nvidia.com/gpu": ["GPU-a"]}}, lookup).devices] == ["GPU-a"]
+
+
+def test_spot_like_ids_of_another_resource_grant_nothing() -> None:
+    lookup = standard_lookup()
+    lookup.pods[2] = pod(SPOT_CTR, ("example.com/spot-gpu-shared", ["spot-GPU-a::1"]))
+    with pytest.raises(SyncRefused) as info:
+        plan({"_/dev-box/main": {"nvidia.com/gpu": ["GPU-a"]}}, lookup)
+    assert info.value.reason is RefusalReason.TWIN_NOT_ALLOCATED
+
+
 REFUSALS = [
     pytest.param(
         {"_/dev-box/main": {"nvidia.com/gpu": ["GPU-b"]}}, RefusalReason.TWIN_NOT_ALLOCATED, "spot-GPU-b", id="no-twin"
@@ -100,6 +116,12 @@ REFUSALS = [
     ),
     pytest.param(
         {"_/dev-box/main": {"platform/spot-gpu": []}}, RefusalReason.RESOURCE_NOT_SYNCABLE, "spot-gpu", id="spot-res"
+    ),
+    pytest.param(
+        {"_/dev-box/main": {"platform/spot-gpu-shared": []}},
+        RefusalReason.RESOURCE_NOT_SYNCABLE,
+        "spot-gpu-shared",
+        id="shared-spot-res",
     ),
     pytest.param({"_/dev-box/main": {"rdma.io/hca": []}}, RefusalReason.RESOURCE_NOT_SYNCABLE, "rdma", id="other-res"),
     pytest.param(

@@ -23,7 +23,12 @@ Metric names (all prefixed ``spotgpu_agent_``):
 * ``detector_errors_total{kind}``, ``collector_errors_total{source,kind}``,
   ``task_stop_failures_total``, ``pod_delete_failures_total``, ``detect_cycle_seconds``;
 * ``runtime_answers_total{answer,reason}``: spotgpu-runtime's service answers (``unchanged``,
-  ``modified``, ``refused``, ``retry``; refusals by reason), read from its engine at scrape time.
+  ``modified``, ``refused``, ``retry``; refusals by reason), read from its engine at scrape time;
+* steering (``spotgpu.agent.steer``): ``preferred_allocations_total{resource,result}``
+  (``steered`` to the scheduler's GPUs, or ``fallback``), ``allocations_total{resource,result}``
+  (``assigned``, ``mismatch``: the kubelet chose other GPUs than the scheduler, ``unassigned``:
+  no pod with an assignment identified, ``refused``) and ``allocation_mismatches_total{resource}``
+  (containers pod-resources shows on GPUs other than their assigned ones, once per container).
 """
 
 from __future__ import annotations
@@ -95,6 +100,24 @@ class AgentMetrics:
             "spotgpu_agent_detect_cycle_seconds",
             "Wall time of one detection cycle",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=r,
+        )
+        self.preferred_allocations = Counter(
+            "spotgpu_agent_preferred_allocations_total",
+            "GetPreferredAllocation answers: steered to the scheduler's GPUs or the fallback choice",
+            ["resource", "result"],
+            registry=r,
+        )
+        self.allocations = Counter(
+            "spotgpu_agent_allocations_total",
+            "Allocate calls: assigned, mismatch (other GPUs than the scheduler's), unassigned, refused",
+            ["resource", "result"],
+            registry=r,
+        )
+        self.allocation_mismatches = Counter(
+            "spotgpu_agent_allocation_mismatches_total",
+            "Spot containers pod-resources shows on GPUs other than the scheduler assigned",
+            ["resource"],
             registry=r,
         )
         self._server: ThreadingHTTPServer | None = None

@@ -18,6 +18,13 @@ Life cycle (protocols.md 1.5/1.6, the order real kubelets require):
 Allocate: each ContainerAllocateRequest is answered with the annotations the agent's
 callable returns (the unsuffixed ``container-devices-from`` annotation); a refused twin
 fails the whole call with the reason and re-sends the device list, as the API asks.
+
+GetPreferredAllocation (advertised in the options only when the agent supplies a callable):
+each ContainerPreferredAllocationRequest is answered with the IDs the callable prefers, kept to
+the offered ones (``available`` and ``must_include``) and to ``allocation_size``. It never
+fails: the kubelet fails the pod's admission when this call does, so a callable that raises is
+logged and answered with no preference (the kubelet then chooses itself and Allocate still
+checks what it chose).
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from spotgpu.core.types import Health
 log = logging.getLogger(__name__)
 
 API_VERSION = "v1beta1"
+MAX_SOCKET_PATH = 107
+"""Longest unix socket path (``sun_path`` holds 108 bytes with the terminating NUL)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +60,8 @@ class TwinDevice:
 
 
 AllocateFn = Callable[[Sequence[str]], dict[str, str]]
+PreferredFn = Callable[[Sequence[str], Sequence[str], int], Sequence[str]]
+"""``(available, must_include, allocation_size) -> preferred IDs`` for one container request."""
 
 
 def _inode(path: Path) -> int | None:
@@ -73,12 +84,19 @@ class DevicePluginServer:
         socket_name: str = "spotgpu-spot-gpu.sock",
         watch_interval: float = 0.2,
         register_timeout: float = 10.0,
+        preferred: PreferredFn | None = None,
     ) -> None:
         self.plugin_dir = plugin_dir
         self.resource = resource
         self.socket = plugin_dir / socket_name
+        if len(os.fsencode(self.socket)) > MAX_SOCKET_PATH:
+            raise PermanentError(
+                f"device plugin socket {self.socket} is {len(os.fsencode(self.socket))} bytes long; "
+                f"unix sockets allow at most {MAX_SOCKET_PATH}"
+            )
         self.kubelet_socket = plugin_dir / "kubelet.sock"
         self._allocate = allocate
+        self._preferred = preferred
         self._watch_interval = watch_interval
         self._register_timeout = register_timeout
         self._cond = threading.Condition()
@@ -94,6 +112,15 @@ class DevicePluginServer:
         self.registrations = 0
         self.allocations = 0
         self.refusals = 0
+        self.preference_errors = 0
+
+    @property
+    def options(self) -> dp.DevicePluginOptions:
+        """What Register and GetDevicePluginOptions announce (the kubelet only calls
+        GetPreferredAllocation when ``get_preferred_allocation_available`` is set)."""
+        return dp.DevicePluginOptions(
+            pre_start_required=False, get_preferred_allocation_available=self._preferred is not None
+        )
 
     # -- devices ---------------------------------------------------------------------------
     def set_devices(self, devices: Sequence[TwinDevice]) -> bool:
@@ -172,7 +199,7 @@ class DevicePluginServer:
             version=API_VERSION,
             endpoint=self.socket.name,
             resource_name=self.resource,
-            options=dp.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=False),
+            options=self.options,
         )
         try:
             with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
@@ -246,13 +273,31 @@ class DevicePluginServer:
         self.allocations += 1
         return dp.AllocateResponse(container_responses=responses)
 
+    def _answer_preferred(self, request: dp.PreferredAllocationRequest) -> dp.PreferredAllocationResponse:
+        responses = []
+        for req in request.container_requests:
+            available, must = list(req.available_deviceIDs), list(req.must_include_deviceIDs)
+            size = req.allocation_size
+            offered = dict.fromkeys([*must, *available])
+            if self._preferred is None:
+                chosen = list(offered)
+            else:
+                try:
+                    chosen = [i for i in dict.fromkeys(self._preferred(available, must, size)) if i in offered]
+                except Exception:  # never fail an admission over a preference
+                    self.preference_errors += 1
+                    log.exception("GetPreferredAllocation for %s failed; answering no preference", self.resource)
+                    chosen = []
+            responses.append(dp.ContainerPreferredAllocationResponse(deviceIDs=chosen[: max(size, 0)]))
+        return dp.PreferredAllocationResponse(container_responses=responses)
+
 
 class _Servicer(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
     def __init__(self, plugin: DevicePluginServer) -> None:
         self._p = plugin
 
     def GetDevicePluginOptions(self, request: dp.Empty, context: grpc.ServicerContext) -> dp.DevicePluginOptions:
-        return dp.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=False)
+        return self._p.options
 
     def ListAndWatch(self, request: dp.Empty, context: grpc.ServicerContext) -> Iterator[dp.ListAndWatchResponse]:
         yield from self._p._list_and_watch(context)
@@ -275,11 +320,7 @@ class _Servicer(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
     def GetPreferredAllocation(
         self, request: dp.PreferredAllocationRequest, context: grpc.ServicerContext
     ) -> dp.PreferredAllocationResponse:
-        responses = []
-        for req in request.container_requests:
-            chosen = list(dict.fromkeys([*req.must_include_deviceIDs, *req.available_deviceIDs]))
-            responses.append(dp.ContainerPreferredAllocationResponse(deviceIDs=chosen[: req.allocation_size]))
-        return dp.PreferredAllocationResponse(container_responses=responses)
+        return self._p._answer_preferred(request)
 
     def PreStartContainer(
         self, request: dp.PreStartContainerRequest, context: grpc.ServicerContext
@@ -287,4 +328,4 @@ class _Servicer(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
         return dp.PreStartContainerResponse()
 
 
-__all__ = ["API_VERSION", "AllocateFn", "DevicePluginServer", "TwinDevice"]
+__all__ = ["API_VERSION", "AllocateFn", "DevicePluginServer", "PreferredFn", "TwinDevice"]

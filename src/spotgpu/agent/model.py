@@ -83,12 +83,16 @@ def build_mapping(
     *,
     gpu_resource: ResourceName,
     spot_resource: ResourceName,
+    extra_spot_resources: Collection[ResourceName] = (),
 ) -> MappingBuild:
     """The owner -> device -> spot users map this node's state implies.
 
-    Real devices not in ``devices`` (another backend's, or gone) are ignored with a problem
-    noted; a device reported for two containers keeps its first holder (sorted by reference).
+    Spot users are the holders of twins of ``spot_resource`` and of ``extra_spot_resources``
+    (the shared spot resource's replicas). Real devices not in ``devices`` (another backend's,
+    or gone) are ignored with a problem noted; a device reported for two containers keeps its
+    first holder (sorted by reference).
     """
+    spot_resources = {spot_resource, *extra_spot_resources}
     known = {d.id for d in devices}
     problems: list[str] = []
     owner_of: dict[DeviceID, Owner] = {}
@@ -109,7 +113,7 @@ def build_mapping(
             if holder != owner:
                 problems.append(f"device {device!r} is reported for both {holder} and {owner}; keeping {holder}")
     for alloc in ordered:
-        if alloc.resource != spot_resource:
+        if alloc.resource not in spot_resources:
             continue
         for twin in alloc.device_ids:
             real = real_of_twin(twin, known)
@@ -341,9 +345,14 @@ def node_state_annotation(
     lend_states: Mapping[ContainerRef, LendState],
     health: Mapping[DeviceID, Health],
     shadow_owners: frozenset[ContainerRef] = frozenset(),
+    *,
+    replicas: int = 0,
 ) -> str:
     """JSON for :data:`~spotgpu.core.keys.NODE_SPOT_GPU_STATE`: per real device, its owner,
-    the owner's state, the twin's health and the number of spot users (sorted keys)."""
+    the owner's state, the twin's health (whether the GPU is lendable) and the number of spot
+    users (sorted keys); when it has spot users, ``pods``: who they are (``ns/name``, as
+    pod-resources reports them: the truth, also when the kubelet chose another GPU than the
+    scheduler); when the node serves shared replicas, ``replicas``: how many per GPU."""
     index = device_index(snapshot)
     out: dict[str, dict[str, object]] = {}
     for device in devices:
@@ -355,27 +364,36 @@ def node_state_annotation(
         else:
             assert isinstance(owner, ContainerRef)
             state = lend_states.get(owner, LendState.ACTIVE).owner_state
-        out[device.id] = {
+        entry: dict[str, object] = {
             "owner": owner.format(),
             "state": state.value,
             "health": health.get(device.id, Health.UNHEALTHY).value,
             "users": len(users),
         }
+        if users:
+            entry["pods"] = [u.format() for u in users]
+        if replicas:
+            entry["replicas"] = replicas
+        out[device.id] = entry
     return json.dumps(out, sort_keys=True, separators=(",", ":"))
 
 
-def twin_ids(devices: Sequence[GpuDevice], replicas: int = 1) -> dict[DeviceID, DeviceID]:
+def twin_ids(
+    devices: Sequence[GpuDevice], replicas: int = 1, *, suffixed: bool | None = None
+) -> dict[DeviceID, DeviceID]:
     """``{twin: real}`` for every device whose twin IDs fit the kubelet's limit.
 
     ``replicas`` 1: one twin ``spot-X`` per GPU. More: ``spot-X::0`` .. ``spot-X::<replicas-1>``
     (shared spot: the kubelet hands each replica to one container, so that many containers can
-    share the GPU; the runtime's twin rule accepts either form).
+    share the GPU; the runtime's twin rule accepts either form). ``suffixed`` forces the replica
+    form even for one replica (default: only for more than one).
     """
     result: dict[DeviceID, DeviceID] = {}
+    with_suffix = replicas > 1 if suffixed is None else suffixed
     for device in devices:
         try:
             twin = to_spot_id(device.id)
-            names = [twin] if replicas == 1 else [validate_device_id(f"{twin}::{k}") for k in range(replicas)]
+            names = [validate_device_id(f"{twin}::{k}") for k in range(replicas)] if with_suffix else [twin]
         except DeviceIDError:
             continue
         for name in names:

@@ -19,8 +19,15 @@ Start order (:meth:`Agent.start`):
    runs at once, so a lent owner that came back while the agent was down is evicted before
    anything else happens;
 4. spotgpu-runtime's service starts (owners are known now, so its owner checks are right);
-5. the device plugin serves and registers (twin health is now right);
-6. the pod watch and the detection loop start; ``/metrics`` and ``/debug/state`` are served.
+5. the device plugins (the spot resource's, and the shared spot resource's when
+   ``sharedReplicas`` > 0) serve and register (twin health is now right);
+6. the pod watch, the detection loop and the post-Allocate refresher start; ``/metrics`` and
+   ``/debug/state`` are served.
+
+Steering (:mod:`spotgpu.agent.steer`): the pod watch keeps this node's pods in binding order
+(first seen first), from which GetPreferredAllocation and Allocate infer the pod the kubelet is
+admitting; after every Allocate a refresh follows within :data:`ALLOCATE_REFRESH_DELAY`, so the
+grant is confirmed from pod-resources and the node annotation names the truth quickly.
 
 :meth:`Agent.stop` stops the loops, the device plugin (socket removed), the runtime service,
 the guard and the metrics server. It neither disarms nor evicts: lent GPUs stay lent and spot
@@ -39,6 +46,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +71,7 @@ from spotgpu.agent.solver import EvictionOutcome, Solver, SolverSettings
 from spotgpu.core.clock import Clock, SystemClock
 from spotgpu.core.config import AgentConfig
 from spotgpu.core.errors import SpotgpuError
-from spotgpu.core.ids import DeviceID, NodeName
+from spotgpu.core.ids import DeviceID, NodeName, ResourceName
 from spotgpu.core.lending import LendingEvent
 from spotgpu.core.mapping_cache import DeviceEntry, MappingSnapshot, Owner, OwnerEntry
 from spotgpu.core.refs import ContainerRef, PodRef
@@ -89,6 +97,10 @@ GUARD_ATTACH_WAIT = 1.0
 """Seconds :meth:`Agent.start` waits for the guard to attach to its fd holder before recovery."""
 
 RECENT_EVICTIONS = 64
+
+ALLOCATE_REFRESH_DELAY = 0.5
+"""Seconds after an Allocate before pod-resources is read again (the kubelet records the grant
+right after our answer; a short delay lets a pod's other containers be admitted first)."""
 """Evictions kept for ``/debug/state``."""
 
 RuntimeServiceFactory = Callable[["Agent"], RuntimeService]
@@ -154,11 +166,8 @@ class Agent:
         self.metrics = metrics or AgentMetrics()
         self.utilization = utilization or BackendUtilization(backend)
         self.attributor: PidAttributor = attributor or ProcessAttributor()
-        self.plugin: DevicePluginServer | None = None
-        if serve_device_plugin:
-            self.plugin = DevicePluginServer(
-                config.device_plugin_dir, config.spot_resource, self._allocate, socket_name=config.plugin_socket_name
-            )
+        self.plugins: dict[ResourceName, DevicePluginServer] = {}
+        """One device plugin per served resource (:attr:`Solver.resources`)."""
         if guard is None and guard_factory is not None:
             guard = guard_factory(self.on_owner_back)
         self.guard = guard
@@ -171,6 +180,7 @@ class Agent:
                 sigterm_grace=config.sigterm_grace,
                 stop_timeout=config.eviction_timeout,
                 twin_replicas=config.twin_replicas,
+                shared_replicas=config.shared_replicas,
             ),
             kube=kube,
             tasks=tasks,
@@ -184,6 +194,21 @@ class Agent:
         self.solver.fresh_allocations = lambda: pod_resources.list(timeout=FRESH_READ_TIMEOUT)
         self.solver.sweep = self._sweep
         self.solver.on_eviction = self._record_eviction
+        self.solver.live_pods = self._live_pods
+        self.solver.await_pods = self._await_pods
+        self.solver.on_allocate = self._refresh_soon
+        if serve_device_plugin:
+            sockets = {config.spot_resource: config.plugin_socket_name}
+            sockets[config.shared_resource] = config.shared_plugin_socket_name
+            for resource in self.solver.resources:
+                self.plugins[resource] = DevicePluginServer(
+                    config.device_plugin_dir,
+                    resource,
+                    partial(self._allocate, resource),
+                    socket_name=sockets[resource],
+                    preferred=partial(self.solver.prefer, resource),
+                )
+        self._refresh_wanted = threading.Event()
         self._runtime_factory = runtime_service
         self.runtime_service: RuntimeService | None = None
         self.owner_record = owner_record
@@ -193,7 +218,8 @@ class Agent:
         self._evictions: deque[dict[str, Any]] = deque(maxlen=RECENT_EVICTIONS)
         self._evictions_lock = threading.Lock()
         self._pods: dict[PodRef, PodInfo] = {}
-        self._pods_lock = threading.Lock()
+        self._pods_lock = threading.Condition()
+        """Guards ``_pods``; notified on every pod event (GetPreferredAllocation may wait for one)."""
         self._refs: dict[str, Any] = {}
         self._ref_retry: dict[str, float] = {}
         self.ref_retry_interval = REF_RETRY_INTERVAL
@@ -204,12 +230,46 @@ class Agent:
         self.metrics_port: int | None = None
 
     # -- wiring ------------------------------------------------------------------------------
-    def _publish(self, twins: Sequence[tuple[DeviceID, Health, int | None]]) -> None:
-        if self.plugin is not None:
-            self.plugin.set_devices([TwinDevice(t, h, n) for t, h, n in twins])
+    @property
+    def plugin(self) -> DevicePluginServer | None:
+        """The spot resource's device plugin (None when not serving)."""
+        return self.plugins.get(self.config.spot_resource)
 
-    def _allocate(self, twins: Sequence[str]) -> dict[str, str]:
-        return self.solver.allocate(twins)
+    def _publish(self, resource: ResourceName, twins: Sequence[tuple[DeviceID, Health, int | None]]) -> None:
+        plugin = self.plugins.get(resource)
+        if plugin is not None:
+            plugin.set_devices([TwinDevice(t, h, n) for t, h, n in twins])
+
+    def _allocate(self, resource: ResourceName, twins: Sequence[str]) -> dict[str, str]:
+        return self.solver.allocate(twins, resource)
+
+    def _live_pods(self) -> list[PodInfo]:
+        """This node's pods in binding order (the dict keeps first-seen order)."""
+        with self._pods_lock:
+            return list(self._pods.values())
+
+    def _await_pods(self, ready: Callable[[Sequence[PodInfo]], bool], timeout: float) -> list[PodInfo]:
+        """This node's pods once ``ready`` holds for them, or after ``timeout`` seconds."""
+        with self._pods_lock:
+            self._pods_lock.wait_for(lambda: ready(list(self._pods.values())), timeout)
+            return list(self._pods.values())
+
+    def _refresh_soon(self) -> None:
+        self._refresh_wanted.set()
+
+    def _refresh_after_allocate(self) -> None:
+        while not self._stop.is_set():
+            if not self._refresh_wanted.wait(0.5):
+                continue
+            if self._stop.wait(ALLOCATE_REFRESH_DELAY):
+                return
+            self._refresh_wanted.clear()
+            try:
+                self.reconcile()
+                self.solver.annotate()
+            except Exception:
+                self.metrics.detector_errors.labels(kind="allocate_refresh").inc()
+                log.exception("refreshing after an Allocate failed")
 
     def _refresh_for_allocate(self) -> None:
         self.reconcile()
@@ -265,13 +325,14 @@ class Agent:
             self.runtime_service.start()
             engine = self.runtime_service.engine
             self.metrics.watch_runtime(engine.counts)
-        if self.plugin is not None:
-            self.plugin.start()
+        for plugin in self.plugins.values():
+            plugin.start()
         if serve_metrics:
             self.metrics_port = self.metrics.serve(self.config.metrics_address, state=self.debug_state)
         if loops:
             self._spawn("pod-watch", self._watch_pods)
             self._spawn("detect", self._detect_loop)
+            self._spawn("allocate-refresh", self._refresh_after_allocate)
 
     def _start_guard(self) -> None:
         guard_start = getattr(self.guard, "start", None)
@@ -299,8 +360,8 @@ class Agent:
         for thread in self._threads:
             thread.join(timeout=10)
         self._threads.clear()
-        if self.plugin is not None:
-            self.plugin.stop()
+        for plugin in self.plugins.values():
+            plugin.stop()
         if self.runtime_service is not None:
             self.runtime_service.stop()
             self.runtime_service = None
@@ -389,6 +450,7 @@ class Agent:
                 self._pods.pop(event.pod.ref, None)
             else:
                 self._pods[event.pod.ref] = event.pod
+            self._pods_lock.notify_all()
 
     # -- detection ---------------------------------------------------------------------------------
     def _detect_loop(self) -> None:
@@ -508,6 +570,10 @@ class Agent:
             "mapping": self.solver.mapping.snapshot().to_json(),
             "owners": {o.format(): s.value for o, s in sorted(state.lend_states.items())},
             "twins": {t: h.value for t, h in sorted(self.solver.twin_health().items())},
+            "grants": [
+                {"resource": g.resource, "twin": g.twin, "pod": g.pod.format() if g.pod else None}
+                for g in self.solver.grants()
+            ],
             "guard": guard,
             "runtime": service.engine.counts() if service is not None else None,
             "evictions": evictions,

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field, replace
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.agent.detect import WatchedOwner
 from spotgpu.agent.model import (
+    AllocateRefused,
     EvictionPlan,
     LendPlan,
     LendState,
@@ -62,7 +63,6 @@ from spotgpu.agent.model import (
     plan_eviction,
     runtime_container_ids,
     twin_health,
-    twin_ids,
 )
 from spotgpu.agent.node_ports import (
     AllocatedDevices,
@@ -74,6 +74,22 @@ from spotgpu.agent.node_ports import (
     TaskState,
 )
 from spotgpu.agent.ports import GuardPort, KubePort, PodInfo
+from spotgpu.agent.steer import (
+    Candidate,
+    DeviceUse,
+    MatchResult,
+    TwinKind,
+    TwinPool,
+    admission_candidates,
+    check_kinds,
+    device_use,
+    in_use_of,
+    match_allocation,
+    pool_health,
+    prefer,
+    steering_mismatches,
+    twin_pools,
+)
 from spotgpu.core import keys
 from spotgpu.core.clock import Clock
 from spotgpu.core.errors import SpotgpuError, TemporaryError
@@ -85,8 +101,9 @@ from spotgpu.core.types import EvictionReason, Health
 
 log = logging.getLogger(__name__)
 
-PublishFn = Callable[[Sequence[tuple[DeviceID, Health, int | None]]], None]
-"""Receives ``(twin ID, health, NUMA node)`` for every twin (the device plugin's list)."""
+PublishFn = Callable[[ResourceName, Sequence[tuple[DeviceID, Health, int | None]]], None]
+"""Receives a resource and ``(twin ID, health, NUMA node)`` for every twin of it (that resource's
+device plugin list); called once per served resource."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +118,22 @@ class SolverSettings:
     delete_budget: float = 2.0
     """Time spent retrying pod deletions during an eviction before the owner is released anyway."""
     twin_replicas: int = 1
-    """Twins per real GPU (:func:`~spotgpu.agent.model.twin_ids`)."""
+    """Legacy: replicas of the spot resource itself (:func:`~spotgpu.agent.steer.twin_pools`)."""
+    shared_replicas: int = 0
+    """Replicas per GPU of the shared spot resource (0: not served)."""
+    grant_ttl: float = 60.0
+    """Seconds an Allocate's grant counts as in use before pod-resources reports it (an admission
+    that failed after our Allocate never shows up there)."""
+    preference_ttl: float = 10.0
+    """Seconds a GetPreferredAllocation's chosen pod waits for its Allocate."""
+    candidate_wait: float = 1.0
+    """Seconds GetPreferredAllocation waits for the pod watch when no pod of the requested size is
+    waiting for admission: the kubelet's own watch may deliver a freshly bound pod a moment
+    before ours does."""
+
+    @property
+    def pools(self) -> tuple[TwinPool, ...]:
+        return twin_pools(self.spot_resource, twin_replicas=self.twin_replicas, shared_replicas=self.shared_replicas)
 
 
 @dataclass
@@ -138,6 +170,19 @@ class _Pending:
     attempts: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A twin an Allocate gave that pod-resources does not report yet, and to whom (a guess:
+    the pod the kubelet was admitting, see :func:`~spotgpu.agent.steer.match_allocation`)."""
+
+    resource: ResourceName
+    twin: DeviceID
+    real: DeviceID
+    pod: PodRef | None
+    container: str | None
+    at: float
+
+
 @dataclass
 class SolverState:
     """Read-only view for tests, the CLI and the runtime's lookups."""
@@ -172,7 +217,17 @@ class Solver:
         self.mapping = MappingCache()
         self._lock = threading.RLock()
         self._devices: tuple[GpuDevice, ...] = ()
-        self._twins: dict[DeviceID, DeviceID] = {}
+        self._pools = settings.pools
+        self._kinds = {p.resource: p.kind for p in self._pools}
+        self._pool_twins: dict[ResourceName, dict[DeviceID, DeviceID]] = {p.resource: {} for p in self._pools}
+        self._twin_health: dict[ResourceName, dict[DeviceID, Health]] = {}
+        self._in_use: set[tuple[ResourceName, DeviceID]] = set()
+        """Served twins pod-resources reported allocated at the last refresh."""
+        self._admitted: set[tuple[PodRef, str]] = set()
+        """Containers holding served twins at the last refresh (no longer admission candidates)."""
+        self._grants: dict[tuple[ResourceName, DeviceID], Grant] = {}
+        self._preferred: dict[ResourceName, tuple[Candidate, float]] = {}
+        self._mismatched: set[tuple[PodRef, str]] = set()
         self._owners: dict[ContainerRef, _Owner] = {}
         self._shadow: frozenset[ContainerRef] = frozenset()
         self._evicting: set[Owner] = set()
@@ -195,6 +250,14 @@ class Solver:
         self.fresh_allocations: Callable[[], Sequence[AllocatedDevices]] | None = None
         """Reads pod-resources now; an owner-back eviction plans from it (see :meth:`_fresh_snapshot`)."""
         self.on_eviction: Callable[[EvictionOutcome], None] | None = None
+        self.live_pods: Callable[[], Sequence[PodInfo]] | None = None
+        """This node's pods as the pod watch knows them now, in binding order (first seen first);
+        admission candidates come from here (the refresh's copy can be a detection cycle old)."""
+        self.await_pods: Callable[[Callable[[Sequence[PodInfo]], bool], float], Sequence[PodInfo]] | None = None
+        """``(ready, timeout) -> pods``: waits for the pod watch until ``ready(pods)`` or the timeout."""
+        self.on_allocate: Callable[[], None] | None = None
+        """Called after every successful Allocate (the agent refreshes soon after, so the grant
+        is confirmed by pod-resources and the node annotation tells the truth quickly)."""
 
     def close(self) -> None:
         self._deleter.shutdown(wait=True, cancel_futures=True)
@@ -203,10 +266,12 @@ class Solver:
     def set_devices(self, devices: Sequence[GpuDevice]) -> None:
         with self._lock:
             self._devices = tuple(devices)
-            self._twins = twin_ids(self._devices, self.settings.twin_replicas)
-            skipped = [d.id for d in self._devices if d.id not in self._twins.values()]
-            for device in skipped:
-                log.error("GPU %s cannot be lent: its twin ID would exceed 63 characters", device)
+            for pool in self._pools:
+                twins = self._pool_twins[pool.resource] = pool.twins(self._devices)
+                for device in [d.id for d in self._devices if d.id not in twins.values()]:
+                    log.error(
+                        "GPU %s cannot be lent as %s: its twin IDs would exceed 63 characters", device, pool.resource
+                    )
             self._publish_locked()
 
     def refresh(
@@ -235,6 +300,7 @@ class Solver:
             for problem in build.problems:
                 log.warning("mapping: %s", problem)
             self.mapping.restore(build.snapshot)
+            self._confirm_grants(allocations, now)
             self._shadow = build.shadow_owners
             self._sync_owners(now, recovering, recorded)
             self._prune_evicted()
@@ -266,6 +332,42 @@ class Solver:
         self._retry_pending_stops()
         self._retry_pending_deletes()
         return outcomes
+
+    def _confirm_grants(self, allocations: Sequence[AllocatedDevices], now: float) -> None:
+        """Take in what pod-resources says about the served twins (caller holds the lock): the
+        twins in use and their holders, grants it now reports (or that expired) dropped, and
+        every container newly found on GPUs other than its assigned ones counted once."""
+        self._in_use = in_use_of(allocations, self._pool_twins)
+        self._admitted = {(a.pod, a.container) for a in allocations if a.resource in self._pool_twins}
+        for key, grant in list(self._grants.items()):
+            if key in self._in_use:
+                del self._grants[key]
+            elif now - grant.at > self.settings.grant_ttl:
+                log.warning(
+                    "Allocate of %s %s (for %s) never showed up in pod-resources within %.0fs: "
+                    "the admission failed; the twin is free again",
+                    grant.resource,
+                    grant.twin,
+                    grant.pod or "an unknown pod",
+                    self.settings.grant_ttl,
+                )
+                del self._grants[key]
+        known = {d.id for d in self._devices}
+        found = steering_mismatches(allocations, self._pods, self._pool_twins, known)
+        for m in found:
+            if (m.pod, m.container) in self._mismatched:
+                continue
+            self.metrics.allocation_mismatches.labels(resource=m.resource).inc()
+            log.warning(
+                "steering: %s/%s holds %s twins of GPU(s) %s, but the scheduler assigned %s; "
+                "the node annotation reports the truth",
+                m.pod,
+                m.container,
+                m.resource,
+                list(m.allocated),
+                list(m.assigned),
+            )
+        self._mismatched = {(m.pod, m.container) for m in found}
 
     def _sync_owners(self, now: float, recovering: bool, recorded: Mapping[ContainerRef, LentOwner]) -> None:
         current = {o: d for o, d in owners_of(self.mapping.snapshot()).items() if o not in self._shadow}
@@ -493,6 +595,7 @@ class Solver:
             self._pods,
             gpu_resource=self.settings.gpu_resource,
             spot_resource=self.settings.spot_resource,
+            extra_spot_resources=[p.resource for p in self._pools],
         )
 
     # -- execution -------------------------------------------------------------------------------
@@ -733,10 +836,17 @@ class Solver:
         states = {o: r.state for o, r in self._owners.items()}
         return twin_health(self._devices, self.mapping.snapshot(), states, self._shadow)
 
+    def _use_locked(self) -> dict[DeviceID, DeviceUse]:
+        """Twins in use per GPU: pod-resources' and the grants it does not report yet."""
+        return device_use([*self._in_use, *self._grants], self._pool_twins, self._kinds)
+
     def _publish_locked(self) -> None:
         self._health = self._compute_health()
+        self._twin_health = pool_health(self._pool_twins, self._kinds, self._health, self._use_locked())
         numa = {d.id: d.numa_node for d in self._devices}
-        self._publish_fn([(twin, self._health[real], numa[real]) for twin, real in self._twins.items()])
+        for resource, twins in self._pool_twins.items():
+            health = self._twin_health[resource]
+            self._publish_fn(resource, [(twin, health[twin], numa[real]) for twin, real in twins.items()])
         self.metrics.set_health({real: h is Health.HEALTHY for real, h in self._health.items()})
         counts = {s.value: 0 for s in LendState}
         for record in self._owners.values():
@@ -752,6 +862,7 @@ class Solver:
                 {o: r.state for o, r in self._owners.items()},
                 self._health,
                 self._shadow,
+                replicas=max((p.replicas for p in self._pools if p.kind is TwinKind.SHARED), default=0),
             )
             if value == self._last_annotation:
                 return
@@ -777,28 +888,157 @@ class Solver:
         self.metrics.spot_gpu_seconds.inc(dt * used)
 
     # -- device plugin and runtime lookups --------------------------------------------------------
-    def _twin_view(self, twin: str) -> TwinView | None:
-        real = self._twins.get(DeviceID(twin))
+    @property
+    def resources(self) -> tuple[ResourceName, ...]:
+        """The served resources; the first is the spot resource."""
+        return tuple(p.resource for p in self._pools)
+
+    def _pool(self, resource: ResourceName) -> TwinPool:
+        pool = next((p for p in self._pools if p.resource == resource), None)
+        if pool is None:
+            raise AllocateRefused(f"resource {resource!r} is not served by this agent")
+        return pool
+
+    def _twin_view(self, resource: ResourceName, twin: str) -> TwinView | None:
+        real = self._pool_twins.get(resource, {}).get(DeviceID(twin))
         if real is None:
             return None
         return TwinView(real, self._health.get(real, Health.UNHEALTHY), self.mapping.get_device_owner(real))
 
-    def allocate(self, twins: Sequence[str]) -> dict[str, str]:
-        """The device plugin's Allocate answer for one container (see model.allocate_annotations).
+    def _admitted_keys(self) -> set[tuple[PodRef, str]]:
+        """Containers holding twins: per pod-resources, or granted (caller holds the lock)."""
+        return self._admitted | {(g.pod, g.container) for g in self._grants.values() if g.pod and g.container}
+
+    def _candidates(self, resource: ResourceName, pods: Sequence[PodInfo]) -> list[Candidate]:
+        """Admission candidates for ``resource`` (caller holds the lock)."""
+        candidates, problems = admission_candidates(
+            pods, resource, node=self.settings.node, admitted=self._admitted_keys(), known={d.id for d in self._devices}
+        )
+        for problem in problems:
+            log.warning("steering: %s (steered without it)", problem)
+        return candidates
+
+    def _live_pods(self) -> list[PodInfo]:
+        if self.live_pods is not None:
+            return list(self.live_pods())
+        with self._lock:
+            return list(self._pods.values())
+
+    def prefer(
+        self, resource: ResourceName, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]:
+        """The device plugin's GetPreferredAllocation answer for one container request (see
+        :func:`~spotgpu.agent.steer.prefer`); remembers the pod it chose for the Allocate that
+        follows."""
+        pods = self._live_pods()
+        with self._lock:
+            admitted = self._admitted_keys()
+            known = {d.id for d in self._devices}
+            self._pool(resource)
+
+        def waiting(candidates_of: Sequence[PodInfo]) -> bool:
+            found, _ = admission_candidates(
+                candidates_of, resource, node=self.settings.node, admitted=admitted, known=known
+            )
+            return any(c.size == size for c in found)
+
+        if self.await_pods is not None and not waiting(pods):
+            pods = list(self.await_pods(waiting, self.settings.candidate_wait))
+        now = self.clock.monotonic()
+        with self._lock:
+            pool = self._pool(resource)
+            choice = prefer(
+                available,
+                must_include,
+                size,
+                pool=pool,
+                twins=self._pool_twins[resource],
+                use=self._use_locked(),
+                candidates=self._candidates(resource, pods),
+                numa={d.id: d.numa_node for d in self._devices},
+                lendable={r for r, h in self._health.items() if h is Health.HEALTHY},
+                held={d for d, (owner, _) in device_index(self.mapping.snapshot()).items() if owner is not IDLE_SPACE},
+            )
+            if choice.candidate is not None:
+                self._preferred[resource] = (choice.candidate, now)
+            else:
+                self._preferred.pop(resource, None)
+        self.metrics.preferred_allocations.labels(
+            resource=resource, result="steered" if choice.steered else "fallback"
+        ).inc()
+        log.info("GetPreferredAllocation %s size %d -> %s: %s", resource, size, list(choice.ids), choice.reason)
+        return list(choice.ids)
+
+    def allocate(self, twins: Sequence[str], resource: ResourceName | None = None) -> dict[str, str]:
+        """The device plugin's Allocate answer for one container of ``resource`` (default: the
+        spot resource): the ``container-devices-from`` annotation naming the owner of the real
+        GPUs behind ``twins`` (:func:`~spotgpu.agent.model.allocate_annotations`), after the
+        kind rule (:func:`~spotgpu.agent.steer.check_kinds`). The twins are recorded as granted
+        (their GPUs' other kind turns Unhealthy at once) to the pod being admitted; when that
+        pod was assigned other GPUs, the mismatch is logged and counted, and the answer still
+        names the GPUs behind ``twins``.
 
         Raises :class:`~spotgpu.agent.model.AllocateRefused` for a twin we cannot give."""
+        resource = resource or self._pools[0].resource
+        try:
+            annotations = self._allocate(resource, twins)
+        except AllocateRefused:
+            self.metrics.allocations.labels(resource=resource, result="refused").inc()
+            raise
+        if self.on_allocate is not None:
+            self.on_allocate()
+        return annotations
+
+    def _allocate(self, resource: ResourceName, twins: Sequence[str]) -> dict[str, str]:
+        pool = self._pool(resource)
         for attempt in (0, 1):
             with self._lock:
-                views = {t: self._twin_view(t) for t in twins}
+                views = {t: self._twin_view(resource, t) for t in twins}
             needs_refresh = any(v is not None and v.owner is IDLE_SPACE for v in views.values())
             if needs_refresh and attempt == 0 and self.refresh_hook is not None:
                 log.info("Allocate %s: a twin's GPU has no holder yet; re-reading pod-resources", list(twins))
                 self.refresh_hook()
                 continue
+            break
+        pods = self._live_pods()
+        now = self.clock.monotonic()
+        with self._lock:
+            views = {t: self._twin_view(resource, t) for t in twins}
             annotations = allocate_annotations(twins, views.get, gpu_resource=self.settings.gpu_resource)
-            log.info("Allocate %s -> %s", list(twins), annotations)
-            return annotations
-        raise AssertionError("unreachable")
+            check_kinds(twins, resource, pool.kind, self._pool_twins, self._use_locked())
+            preferred, at = self._preferred.pop(resource, (None, 0.0))
+            if preferred is not None and now - at > self.settings.preference_ttl:
+                preferred = None
+            match = match_allocation(twins, self._pool_twins[resource], self._candidates(resource, pods), preferred)
+            who = match.candidate
+            for twin in twins:
+                real = self._pool_twins[resource][DeviceID(twin)]
+                self._grants[(resource, DeviceID(twin))] = Grant(
+                    resource, DeviceID(twin), real, who.pod if who else None, who.container if who else None, now
+                )
+            self._publish_locked()  # the other kind of these GPUs turns Unhealthy now
+        self.metrics.allocations.labels(resource=resource, result=match.result.value).inc()
+        if match.result is MatchResult.MISMATCH:
+            assert who is not None
+            log.warning(
+                "Allocate %s %s: the kubelet chose GPU(s) %s, but %s/%s (the pod being admitted) was assigned %s; "
+                "the answer names the GPUs behind the twins",
+                resource,
+                list(twins),
+                list(match.allocated),
+                who.pod,
+                who.container,
+                list(who.assigned),
+            )
+        log.info(
+            "Allocate %s %s for %s (%s) -> %s",
+            resource,
+            list(twins),
+            f"{who.pod}/{who.container}" if who else "an unidentified pod",
+            match.result.value,
+            annotations,
+        )
+        return annotations
 
     def owner_of(self, device: str) -> Owner | None:
         """The recorded owner of real ``device`` (for spotgpu-runtime's source check)."""
@@ -812,9 +1052,19 @@ class Solver:
         return None if health is None else health is Health.HEALTHY
 
     def twin_health(self) -> dict[DeviceID, Health]:
-        """``{twin: health}`` as last published to the device plugin."""
+        """``{twin: health}`` of every served twin as last published (exclusive twins and
+        shared replicas have distinct IDs)."""
         with self._lock:
-            return {twin: self._health.get(real, Health.UNHEALTHY) for twin, real in self._twins.items()}
+            return {twin: h for table in self._twin_health.values() for twin, h in table.items()}
+
+    def twin_health_of(self, resource: ResourceName) -> dict[DeviceID, Health]:
+        with self._lock:
+            return dict(self._twin_health.get(resource, {}))
+
+    def grants(self) -> list[Grant]:
+        """Allocations pod-resources does not report yet."""
+        with self._lock:
+            return sorted(self._grants.values(), key=lambda g: (g.resource, g.twin))
 
     def state(self) -> SolverState:
         with self._lock:
@@ -825,4 +1075,4 @@ class Solver:
             return self._devices
 
 
-__all__ = ["EvictionOutcome", "PublishFn", "Solver", "SolverSettings", "SolverState"]
+__all__ = ["EvictionOutcome", "Grant", "PublishFn", "Solver", "SolverSettings", "SolverState"]

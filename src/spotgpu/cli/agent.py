@@ -62,6 +62,16 @@ def guard_factory(
     return make
 
 
+def served(config: AgentConfig) -> str:
+    """The device plugin resources the configuration serves, in words."""
+    if config.twin_replicas > 1:
+        return f"{config.spot_resource} ({config.twin_replicas} shared replicas per GPU, legacy twinReplicas)"
+    text = f"{config.spot_resource} (exclusive twins)"
+    if config.shared_replicas:
+        text += f", {config.shared_resource} ({config.shared_replicas} shared replicas per GPU)"
+    return text
+
+
 def run(args: argparse.Namespace) -> int:
     from spotgpu.runtime.config import load_runtime_config
 
@@ -76,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         print("spotgpu agent: no node name: set agent.nodeName, --node or $NODE_NAME", file=sys.stderr)
         return 2
     if args.check:
-        print(f"configuration OK for node {node}")
+        print(f"configuration OK for node {node}; serves {served(config)}")
         return 0
     from spotgpu.adapters.agent_metrics import AgentMetrics
     from spotgpu.agent.build import build_agent

@@ -29,7 +29,14 @@ from pathlib import Path
 from typing import Any, Final, Literal, NewType, TypeVar
 
 from spotgpu.core.errors import ValidationError
-from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, ResourceName, validate_resource_name
+from spotgpu.core.ids import (
+    NVIDIA_GPU_RESOURCE,
+    SHARED_SUFFIX,
+    SPOT_GPU_RESOURCE,
+    ResourceName,
+    shared_resource_of,
+    validate_resource_name,
+)
 
 Seconds = NewType("Seconds", float)
 """A duration in seconds; in YAML a number or a Go-style duration string."""
@@ -305,7 +312,12 @@ class AgentConfig:
     """Longest wait for spot tasks to exit after SIGKILL before the eviction reports failure."""
     twin_replicas: int = 1
     """Twins advertised per real GPU: 1 gives ``spot-<id>`` (one spot container per lent GPU);
-    N > 1 gives ``spot-<id>::0`` .. ``::N-1``, so up to N spot containers share one GPU (shared spot)."""
+    N > 1 gives ``spot-<id>::0`` .. ``::N-1``, so up to N spot containers share one GPU (shared spot).
+    Legacy: the spot resource then has no exclusive twins; prefer ``sharedReplicas``."""
+    shared_replicas: int = 0
+    """Shared spot: N > 0 also serves ``<spotResource>-shared`` (``platform/spot-gpu-shared``)
+    with replicas ``spot-<id>::0`` .. ``::N-1`` per GPU, one per shared spot container, beside the
+    exclusive twins; a GPU is lent to one kind at a time. 0: not served."""
     state_file: Path | None = Path("/run/spotgpu/agent-state.json")
     """Which owners are lent, kept across agent restarts (a tmpfs path: a node reboot forgets it);
     ``null`` keeps no file (a restarted agent then re-lends only owners whose GPUs carry spot users)."""
@@ -328,10 +340,32 @@ class AgentConfig:
             raise ConfigError(f"pluginSocketName: {self.plugin_socket_name!r} must be a file name ending in .sock")
         if not 1 <= self.twin_replicas <= 64:
             raise ConfigError(f"twinReplicas: must be between 1 and 64, got {self.twin_replicas}")
+        if not 0 <= self.shared_replicas <= 64:
+            raise ConfigError(f"sharedReplicas: must be between 0 and 64, got {self.shared_replicas}")
+        if self.shared_replicas and self.twin_replicas > 1:
+            raise ConfigError(
+                "sharedReplicas: cannot be combined with twinReplicas > 1 (the legacy replicas of the spot "
+                "resource itself); set twinReplicas: 1"
+            )
+        if self.shared_replicas:
+            try:
+                validate_resource_name(self.shared_resource)
+            except ValidationError as exc:
+                raise ConfigError(f"sharedReplicas: the shared resource of spotResource: {exc}") from None
 
     @property
     def kubelet_socket(self) -> Path:
         return self.device_plugin_dir / "kubelet.sock"
+
+    @property
+    def shared_resource(self) -> ResourceName:
+        """The shared spot resource (served when ``sharedReplicas`` > 0)."""
+        return shared_resource_of(self.spot_resource)
+
+    @property
+    def shared_plugin_socket_name(self) -> str:
+        """The shared resource's device plugin socket: ``pluginSocketName`` with ``-shared``."""
+        return self.plugin_socket_name.removesuffix(".sock") + SHARED_SUFFIX + ".sock"
 
 
 __all__ = [

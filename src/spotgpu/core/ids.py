@@ -36,6 +36,10 @@ NodeName = NewType("NodeName", str)
 MAX_DEVICE_ID_LEN: Final = 63
 SPOT_PREFIX: Final = "spot-"
 SPOT_GPU_RESOURCE: Final = ResourceName("platform/spot-gpu")
+SHARED_SUFFIX: Final = "-shared"
+SPOT_GPU_SHARED_RESOURCE: Final = ResourceName("platform/spot-gpu-shared")
+"""Shared spot: replicas ``spot-<id>::<n>`` of lent GPUs, one per shared spot container (the
+agent's ``sharedReplicas``); always the spot resource's name + :data:`SHARED_SUFFIX`."""
 NVIDIA_GPU_RESOURCE: Final = ResourceName("nvidia.com/gpu")
 
 _DEVICE_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
@@ -98,6 +102,13 @@ def to_spot_id(real_id: str) -> DeviceID:
     return DeviceID(twin)
 
 
+def shared_resource_of(spot_resource: str) -> ResourceName:
+    """The shared spot resource that goes with ``spot_resource`` (``platform/spot-gpu`` ->
+    ``platform/spot-gpu-shared``): derived, never configured, so the agent, the runtime's twin
+    rule and the scheduler's snapshot cannot disagree on it."""
+    return ResourceName(spot_resource + SHARED_SUFFIX)
+
+
 def from_spot_id(spot_id: str) -> DeviceID:
     """``spot-GPU-x`` -> ``GPU-x``. Raises :class:`NotASpotID` when the prefix is missing."""
     twin = validate_device_id(spot_id)
@@ -134,7 +145,9 @@ def validate_resource_name(value: object) -> ResourceName:
 __all__ = [
     "MAX_DEVICE_ID_LEN",
     "NVIDIA_GPU_RESOURCE",
+    "SHARED_SUFFIX",
     "SPOT_GPU_RESOURCE",
+    "SPOT_GPU_SHARED_RESOURCE",
     "SPOT_PREFIX",
     "DeviceID",
     "DeviceIDError",
@@ -144,6 +157,7 @@ __all__ = [
     "ResourceNameError",
     "TwinIDTooLong",
     "from_spot_id",
+    "shared_resource_of",
     "is_spot_id",
     "to_spot_id",
     "validate_device_id",

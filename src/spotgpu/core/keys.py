@@ -40,7 +40,9 @@ NODE_SPOT_PREFER: Final = "platform.k8s.io/spot-prefer"
 """Node strategy: ``idle`` (unallocated GPUs, exclusive first) or ``lowpower`` (lent GPUs, shared first)."""
 
 NODE_SPOT_GPU_STATE: Final = "spotgpu.io/spot-gpu-state"
-"""Written by the agent: per real device, its owner, owner state and twin health (JSON)."""
+"""Written by the agent: per real device, its owner, owner state and twin health (JSON); also
+its spot pods (``pods``, as pod-resources reports them) and shared replicas per GPU
+(``replicas``). Format: :func:`spotgpu.agent.model.node_state_annotation`."""
 
 # --- gangs, queues, jobs --------------------------------------------------------------------
 API_GROUP: Final = "scheduling.spotgpu.io"

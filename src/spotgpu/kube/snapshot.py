@@ -15,9 +15,17 @@ Where each part comes from:
 * **Pods** (``schedulerName: spotgpu``, not finished): gang members carry the ``pod-group``
   label; a pod without one gets a PodGroup of its own (``min_member=1``) in the queue its
   ``queue`` label names (or the default queue). The GPU request is the container asking for
-  ``platform/spot-gpu`` or the real GPU resource; ``spotgpu.io/spot-gpu-milli`` makes it shared.
-  A placed pod's devices come from ``spotgpu.io/assigned-devices`` (twins for spot pods), or for
-  a reserved pod from the node state's owners.
+  ``platform/spot-gpu``, ``platform/spot-gpu-shared`` (shared spot: exactly 1, with its share
+  in ``spotgpu.io/spot-gpu-milli``) or the real GPU resource; on ``platform/spot-gpu``,
+  ``spotgpu.io/spot-gpu-milli`` makes it shared too (the agent's legacy ``twinReplicas``).
+  A placed spot pod's devices are those the agent reports it using (the node state's ``pods``:
+  what the kubelet really allocated, which may differ from what the scheduler assigned), else
+  its ``spotgpu.io/assigned-devices`` (twins); a reserved pod's come from the assignment or the
+  node state's owners. Placed spot pods whose use of a GPU contradicts another's (possible once
+  the kubelet's real choice replaces the assignment: two exclusive users, shared beyond one GPU,
+  both kinds) are left out, the ones the agent reports first kept; a GPU whose shared replicas
+  (the node state's ``replicas``) are all taken has its twin reported Unhealthy, so no new spot
+  pod is placed on it.
 * **ShadowPods**: pods annotated ``pod-device-type: shadow``.
 
 Objects that are malformed, or whose PodGroup or queue is missing, are left out and reported in
@@ -32,11 +40,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from spotgpu.agent.steer import AssignmentError, parse_assigned_devices
 from spotgpu.core import keys
 from spotgpu.core.errors import ValidationError
 from spotgpu.core.ids import (
     NVIDIA_GPU_RESOURCE,
     SPOT_GPU_RESOURCE,
+    SPOT_GPU_SHARED_RESOURCE,
     DeviceID,
     NodeName,
     ResourceName,
@@ -45,7 +55,7 @@ from spotgpu.core.ids import (
 )
 from spotgpu.core.mapping_cache import IDLE_SPACE
 from spotgpu.core.refs import ContainerRef, PodRef
-from spotgpu.core.types import Health, QueueType, SpotPriority
+from spotgpu.core.types import GPU_MILLI, Health, QueueType, SpotPriority
 from spotgpu.kube.objects import (
     container_requests,
     disruption,
@@ -98,15 +108,29 @@ class SnapshotBuild:
     """The pod JSON behind every snapshot pod and ShadowPod (for applying decisions)."""
 
 
+@dataclass(frozen=True, slots=True)
+class SpotUse:
+    """What the agent's node state says about spot use of one real GPU."""
+
+    pods: tuple[PodRef, ...] = ()
+    """Spot pods holding its twins (pod-resources: the kubelet's real allocation)."""
+    replicas: int = 0
+    """Shared replicas the agent serves per GPU (0: none)."""
+
+
 def parse_node_state(node: str, text: str) -> dict[DeviceID, tuple[ContainerRef | None, Health]]:
     """The agent's ``spotgpu.io/spot-gpu-state``: real device -> (owner or None, twin health)."""
+    return {d: (owner, health) for d, (owner, health, _) in _parse_state(node, text).items()}
+
+
+def _parse_state(node: str, text: str) -> dict[DeviceID, tuple[ContainerRef | None, Health, SpotUse]]:
     try:
         data = json.loads(text)
     except ValueError as exc:
         raise ObjectError(f"node {node}: annotation {keys.NODE_SPOT_GPU_STATE} is not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ObjectError(f"node {node}: annotation {keys.NODE_SPOT_GPU_STATE} must be a JSON object")
-    out: dict[DeviceID, tuple[ContainerRef | None, Health]] = {}
+    out: dict[DeviceID, tuple[ContainerRef | None, Health, SpotUse]] = {}
     for raw_id, entry in data.items():
         where = f"node {node}: {keys.NODE_SPOT_GPU_STATE}[{raw_id!r}]"
         try:
@@ -126,7 +150,16 @@ def parse_node_state(node: str, text: str) -> dict[DeviceID, tuple[ContainerRef 
             health = Health(entry.get("health", Health.UNHEALTHY.value))
         except ValueError:
             raise ObjectError(f"{where}: health {entry.get('health')!r} is not Healthy or Unhealthy") from None
-        out[device] = (owner, health)
+        raw_pods, replicas = entry.get("pods", []), entry.get("replicas", 0)
+        if not isinstance(raw_pods, list) or not all(isinstance(p, str) for p in raw_pods):
+            raise ObjectError(f"{where}: pods must be a list of 'namespace/name'")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise ObjectError(f"{where}: replicas must be a whole number >= 0")
+        try:
+            pods = tuple(PodRef.parse(p) for p in raw_pods)
+        except ValidationError as exc:
+            raise ObjectError(f"{where}: pods: {exc}") from None
+        out[device] = (owner, health, SpotUse(pods, replicas))
     return out
 
 
@@ -135,19 +168,16 @@ def _assigned(obj: Mapping[str, Any], where: str) -> dict[str, list[str]]:
     if not raw:
         return {}
     try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise ObjectError(f"{where}: annotation {keys.ASSIGNED_DEVICES} is not JSON: {exc}") from None
-    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
-        raise ObjectError(f"{where}: annotation {keys.ASSIGNED_DEVICES} must map a resource to a list of IDs")
-    return {str(k): [str(i) for i in v] for k, v in data.items()}
+        return parse_assigned_devices(raw)
+    except AssignmentError as exc:
+        raise ObjectError(f"{where}: {exc}") from None
 
 
 def _gpu_container(obj: Mapping[str, Any], cfg: TranslateConfig, where: str) -> tuple[str, str, int] | None:
     """(container, resource, count) of the first container asking for GPUs, or None."""
     for container in (obj.get("spec") or {}).get("containers") or ():
         requests = container_requests(container, f"{where} container {container.get('name')}")
-        for resource in (SPOT_GPU_RESOURCE, cfg.gpu_resource):
+        for resource in (SPOT_GPU_RESOURCE, SPOT_GPU_SHARED_RESOURCE, cfg.gpu_resource):
             if requests.get(resource):
                 return str(container.get("name")), resource, requests[resource]
     return None
@@ -187,6 +217,7 @@ def build_snapshot(
     # -- nodes
     snap_nodes: list[Node] = []
     owners_by_node: dict[str, dict[ContainerRef, list[DeviceID]]] = {}
+    spot_use: dict[str, dict[DeviceID, SpotUse]] = {}
     for obj in nodes:
         name = name_of(obj)
         meta = obj.get("metadata") or {}
@@ -195,9 +226,9 @@ def build_snapshot(
         if state is None:
             continue
         try:
-            node_state = parse_node_state(name, state)
+            node_state = _parse_state(name, state)
             lending, strategy = parse_node_annotations(name, annotations)
-            gpus = tuple(GPU(d, owner=o, twin=h) for d, (o, h) in sorted(node_state.items()))
+            gpus = tuple(GPU(d, owner=o, twin=h) for d, (o, h, _) in sorted(node_state.items()))
             snap_nodes.append(
                 Node(
                     NodeName(name),
@@ -212,6 +243,7 @@ def build_snapshot(
         except ValidationError as exc:
             skip("Node", name, str(exc))
             continue
+        spot_use[name] = {d: use for d, (_, _, use) in node_state.items()}
         by_owner: dict[ContainerRef, list[DeviceID]] = {}
         for real in gpus:
             if real.owner is not None:
@@ -303,7 +335,17 @@ def build_snapshot(
             container, resource, count = gpu
             annotations = (obj.get("metadata") or {}).get("annotations") or {}
             labels = (obj.get("metadata") or {}).get("labels") or {}
-            if resource == SPOT_GPU_RESOURCE and annotations.get(keys.SPOT_GPU_MILLI):
+            if resource == SPOT_GPU_SHARED_RESOURCE:
+                if count != 1 or not annotations.get(keys.SPOT_GPU_MILLI):
+                    skip(
+                        "Pod",
+                        key,
+                        f"requests {count} {SPOT_GPU_SHARED_RESOURCE}; a shared spot pod requests exactly 1 "
+                        f"and gives its share in {keys.SPOT_GPU_MILLI}",
+                    )
+                    continue
+                request = GPURequest.shared(int(annotations[keys.SPOT_GPU_MILLI]))
+            elif resource == SPOT_GPU_RESOURCE and annotations.get(keys.SPOT_GPU_MILLI):
                 request = GPURequest.shared(int(annotations[keys.SPOT_GPU_MILLI]))
             elif resource == SPOT_GPU_RESOURCE:
                 request = GPURequest.spot(count)
@@ -335,7 +377,8 @@ def build_snapshot(
             if node:
                 assigned = _assigned(obj, where)
                 if request.is_spot:
-                    devices = tuple(from_spot_id(d) for d in assigned.get(SPOT_GPU_RESOURCE, ()))
+                    used = _reported_use(spot_use.get(node, {}), ref)
+                    devices = used or tuple(from_spot_id(d) for d in assigned.get(SPOT_GPU_RESOURCE, ()))
                 elif resource in assigned:
                     devices = tuple(validate_device_id(d) for d in assigned[resource])
                 else:
@@ -362,6 +405,7 @@ def build_snapshot(
             skip("Pod", key, f"{where}: {exc}")
 
     snap_nodes, snap_pods, shadows = _claim_devices(snap_nodes, snap_pods, shadows, skip)
+    snap_nodes, snap_pods = _check_spot_use(snap_nodes, snap_pods, spot_use, skip)
     snapshot = Snapshot.of(
         nodes=snap_nodes,
         queues=snap_queues.values(),
@@ -370,6 +414,84 @@ def build_snapshot(
         shadows=shadows,
     )
     return SnapshotBuild(snapshot, tuple(skipped), pod_objects)
+
+
+def _reported_use(use: Mapping[DeviceID, SpotUse], pod: PodRef) -> tuple[DeviceID, ...]:
+    """The GPUs the agent reports ``pod`` using (sorted), or ``()``."""
+    return tuple(sorted(d for d, u in use.items() if pod in u.pods))
+
+
+def _check_spot_use(
+    nodes: list[Node],
+    pods: list[Pod],
+    spot_use: Mapping[str, Mapping[DeviceID, SpotUse]],
+    skip: Callable[[str, str, str], None],
+) -> tuple[list[Node], list[Pod]]:
+    """Leave out placed spot pods the snapshot could not hold together, and report GPUs whose
+    shared replicas are all taken as Unhealthy twins (module docstring).
+
+    Pods the agent reports on a GPU come first (they really run there), then the rest in
+    creation order; each is kept when its GPUs can still take it: an exclusive pod needs GPUs
+    without users, a shared one GPUs without an exclusive user and with its milli left.
+    """
+    placed = [p for p in pods if p.placed and p.request.is_spot]
+
+    def reported(p: Pod) -> bool:
+        use = spot_use.get(p.node or "", {})
+        return any(p.ref in use.get(d, SpotUse()).pods for d in p.devices)
+
+    exclusive: set[tuple[str, DeviceID]] = set()
+    milli: dict[tuple[str, DeviceID], int] = {}
+    users: dict[tuple[str, DeviceID], int] = {}
+    left_out: set[PodRef] = set()
+    for pod in sorted(placed, key=lambda p: (not reported(p), p.created_at, p.ref)):
+        assert pod.node is not None
+        slots = [(pod.node, d) for d in pod.devices]
+        shared = pod.request.is_shared
+        clash = next(
+            (
+                d
+                for n, d in slots
+                if (n, d) in exclusive
+                or (not shared and users.get((n, d), 0))
+                or (shared and milli.get((n, d), 0) + pod.request.milli > GPU_MILLI)
+            ),
+            None,
+        )
+        if clash is not None:
+            left_out.add(pod.ref)
+            skip(
+                "Pod",
+                pod.ref.format(),
+                f"its {'shared' if shared else 'exclusive'} use of GPU {clash} on {pod.node} contradicts the "
+                f"spot pods already there (the kubelet allocated another GPU than the scheduler assigned)",
+            )
+            continue
+        for slot in slots:
+            users[slot] = users.get(slot, 0) + 1
+            if shared:
+                milli[slot] = milli.get(slot, 0) + pod.request.milli
+            else:
+                exclusive.add(slot)
+    full = {
+        (name, d)
+        for name, use in spot_use.items()
+        for d, u in use.items()
+        if u.replicas and max(users.get((name, d), 0), len(u.pods)) >= u.replicas
+    }
+    if full:
+        nodes = [
+            dataclasses.replace(
+                n,
+                gpus=tuple(
+                    dataclasses.replace(g, twin=Health.UNHEALTHY) if (n.name, g.id) in full else g for g in n.gpus
+                ),
+            )
+            if any((n.name, g.id) in full for g in n.gpus)
+            else n
+            for n in nodes
+        ]
+    return nodes, [p for p in pods if p.ref not in left_out]
 
 
 def _claim_devices(
@@ -438,4 +560,4 @@ def _claim_devices(
     return new_nodes, kept_pods, kept_shadows
 
 
-__all__ = ["Skipped", "SnapshotBuild", "TranslateConfig", "build_snapshot", "is_shadow", "parse_node_state"]
+__all__ = ["Skipped", "SnapshotBuild", "SpotUse", "TranslateConfig", "build_snapshot", "is_shadow", "parse_node_state"]

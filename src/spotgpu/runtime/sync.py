@@ -20,11 +20,13 @@ Authorization (the security rule; every check must pass, else the container is n
 3. The source must hold the named devices now (pod-resources); an empty list means "all it
    holds of that resource", and holding none of it is refused.
 4. Twin rule: for every synced real device ``X`` the kubelet allocated ``spot-X`` (or a shared
-   replica ``spot-X::<n>``) of the spot resource to *this* container.
+   replica ``spot-X::<n>``) of the spot resource, or a replica of the shared spot resource
+   (``platform/spot-gpu-shared``, :func:`~spotgpu.core.ids.shared_resource_of`), to *this*
+   container.
 5. Owner rule: the agent's record names the source container as ``X``'s owner (for PodSync,
    the pod's container that holds ``X``). Direct names no source, so it is accepted only for
    devices the agent records as unallocated (IDLE_SPACE): there is no owner to disturb.
-6. The spot resource itself is never synced, and only ``gpu_resources`` are.
+6. The spot resources themselves are never synced, and only ``gpu_resources`` are.
 7. Lend rule: ``X`` is lendable *now* (its twin is Healthy: the owner is lent out, or ``X`` is
    unallocated or held by a ShadowPod). A grant the kubelet made while the owner was away does
    not outlive the loan: once the owner is back, a spot container the kubelet (re)starts with
@@ -40,11 +42,10 @@ from enum import StrEnum
 
 from spotgpu.core.codec import DevicesFrom, SyncKind, SyncSource
 from spotgpu.core.errors import PermanentError
-from spotgpu.core.ids import MAX_DEVICE_ID_LEN, SPOT_PREFIX, DeviceID, ResourceName
+from spotgpu.core.ids import MAX_DEVICE_ID_LEN, SPOT_PREFIX, DeviceID, ResourceName, shared_resource_of
 from spotgpu.core.mapping_cache import IDLE_SPACE, Owner
 from spotgpu.core.refs import ContainerRef
 from spotgpu.runtime.lookup import NodeLookup, PodAssignment
-
 
 ANY_NAMESPACE = "*"
 """In ``cross_namespace_sources``: sources may live in any namespace."""
@@ -147,13 +148,15 @@ def _base(device_id: str) -> str:
 
 
 def granted_twins(target: PodAssignment | None, container: str, spot_resource: str) -> set[str]:
-    """Real device IDs whose twin the kubelet allocated to ``container`` (replica suffix removed)."""
+    """Real device IDs whose twin the kubelet allocated to ``container`` (replica suffix removed):
+    twins of ``spot_resource`` and replicas of its shared resource."""
     if target is None:
         return set()
     assignment = target.container(container)
     if assignment is None:
         return set()
-    return {_base(t[len(SPOT_PREFIX) :]) for t in assignment.ids(spot_resource) if t.startswith(SPOT_PREFIX)}
+    ids = (*assignment.ids(spot_resource), *assignment.ids(shared_resource_of(spot_resource)))
+    return {_base(t[len(SPOT_PREFIX) :]) for t in ids if t.startswith(SPOT_PREFIX)}
 
 
 def resolve(
@@ -168,7 +171,8 @@ def resolve(
     merged: dict[tuple[str, str], ResolvedDevice] = {}
     for source in request.resolve(target.namespace).sources:
         for resource, _ in source.resources:
-            if resource == policy.spot_resource or resource not in policy.gpu_resources:
+            spot = (policy.spot_resource, shared_resource_of(policy.spot_resource))
+            if resource in spot or resource not in policy.gpu_resources:
                 raise SyncRefused(
                     RefusalReason.RESOURCE_NOT_SYNCABLE,
                     f"source {source.key!r} names resource {resource!r}; only "

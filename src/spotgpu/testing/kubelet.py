@@ -8,8 +8,12 @@ speaking the real wire format (our .proto files, same method paths and field num
   ``GetDevicePluginOptions`` *before* answering (as the kubelet does, so a plugin that
   registers before serving fails), then keeps a ``ListAndWatch`` stream open and records
   every full device list. :meth:`KubeletDouble.allocate` calls the plugin's ``Allocate`` the
-  way container creation does. :meth:`KubeletDouble.restart` deletes every socket in the
-  directory (as a starting kubelet does) and serves a fresh ``kubelet.sock``.
+  way container creation does. :meth:`KubeletDouble.admit` chooses the devices the way the
+  kubelet's device manager does when it admits a container (healthy and not yet allocated;
+  ``GetPreferredAllocation`` first when the plugin's options say it is available; the
+  preference taken unless told to ignore it, as a kubelet may) and then calls ``Allocate``.
+  :meth:`KubeletDouble.restart` deletes every socket in the directory (as a starting kubelet
+  does) and serves a fresh ``kubelet.sock``.
 * :class:`PodResourcesDouble`: the pod-resources API v1 (``List``, ``Get``,
   ``GetAllocatableResources``) serving a table the test sets.
 * :class:`VendorPluginDouble`: a vendor device plugin such as NVIDIA's for ``nvidia.com/gpu``:
@@ -103,6 +107,21 @@ class _Endpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class Admission:
+    """What :meth:`KubeletDouble.admit` did for one container."""
+
+    devices: tuple[str, ...]
+    """The IDs allocated, in the order sent to Allocate."""
+    preferred: tuple[str, ...] | None
+    """The plugin's GetPreferredAllocation answer; None when it was not called."""
+    response: dp.ContainerAllocateResponse
+
+
+class AdmissionError(RuntimeError):
+    """The kubelet would fail the pod's admission (too few devices, or a plugin call failed)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Registration:
     resource: str
     endpoint: str
@@ -122,6 +141,9 @@ class KubeletDouble(_Server):
         self._endpoints: dict[str, _Endpoint] = {}
         self.registrations: list[Registration] = []
         self.rejections: list[str] = []
+        self._allocated: dict[str, set[str]] = {}
+        self._admitting = threading.Lock()
+        """The kubelet admits one pod at a time."""
 
     def _add_servicers(self, server: grpc.Server) -> None:
         dp_grpc.add_RegistrationServicer_to_server(_RegistrationServicer(self), server)
@@ -237,7 +259,7 @@ class KubeletDouble(_Server):
         return response
 
     def preferred_allocation(
-        self, resource: str, available: Sequence[str], must_include: Sequence[str], size: int
+        self, resource: str, available: Sequence[str], must_include: Sequence[str], size: int, *, timeout: float = 10.0
     ) -> list[str]:
         stub = self._stub(resource)
         request = dp.PreferredAllocationRequest(
@@ -247,7 +269,73 @@ class KubeletDouble(_Server):
                 )
             ]
         )
-        return list(stub.GetPreferredAllocation(request, timeout=10).container_responses[0].deviceIDs)
+        answer = stub.GetPreferredAllocation(request, timeout=timeout)
+        return list(answer.container_responses[0].deviceIDs) if answer.container_responses else []
+
+    def admit(
+        self,
+        resource: str,
+        size: int,
+        *,
+        must_include: Sequence[str] = (),
+        ignore_preference: bool = False,
+        timeout: float = 10.0,
+    ) -> Admission:
+        """Allocate ``size`` devices of ``resource`` to one container as the kubelet's device
+        manager does on admission, with no topology hint (topology manager policy ``none``):
+        the candidates are the healthy devices not allocated yet (fewer than needed fails the
+        admission); when the plugin's options set ``get_preferred_allocation_available``,
+        ``GetPreferredAllocation`` is called with them (an error fails the admission, as in
+        the kubelet); the preferred IDs among the candidates are taken first, the rest filled
+        up in ID order (the kubelet: in map order). ``ignore_preference`` takes the
+        non-preferred candidates first instead: a kubelet whose choice differs from the plugin's.
+        Then ``Allocate``; on failure the devices are free again. Admissions are serialized."""
+        with self._admitting:
+            return self._admit(resource, size, must_include, ignore_preference, timeout)
+
+    def _admit(
+        self, resource: str, size: int, must_include: Sequence[str], ignore_preference: bool, timeout: float
+    ) -> Admission:
+        with self._lock:
+            endpoint = self._endpoints.get(resource)
+            if endpoint is None:
+                raise AdmissionError(f"can't allocate unregistered device {resource}")
+            healthy = {d for d, s in endpoint.devices.items() if s.health == "Healthy"}
+            taken = self._allocated.setdefault(resource, set())
+            available = sorted((healthy - taken) | set(must_include))
+            if len(available) < size:
+                raise AdmissionError(
+                    f"requested number of devices unavailable for {resource}. Requested: {size}, "
+                    f"Available: {len(available)}"
+                )
+            options = endpoint.options
+        preferred: tuple[str, ...] | None = None
+        if options.get_preferred_allocation_available:
+            try:
+                preferred = tuple(self.preferred_allocation(resource, available, must_include, size, timeout=timeout))
+            except grpc.RpcError as exc:
+                raise AdmissionError(f"device plugin GetPreferredAllocation rpc failed with err: {exc}") from exc
+        liked = [d for d in preferred or () if d in available]
+        others = [d for d in available if d not in liked]
+        order = [*others, *liked] if ignore_preference else [*liked, *others]
+        chosen = tuple(dict.fromkeys([*must_include, *order]))[:size]
+        with self._lock:
+            self._allocated.setdefault(resource, set()).update(chosen)
+        try:
+            response = self.allocate(resource, chosen, timeout=timeout)
+        except grpc.RpcError:
+            self.release(resource, chosen)
+            raise
+        return Admission(chosen, preferred, response.container_responses[0])
+
+    def release(self, resource: str, devices: Sequence[str]) -> None:
+        """The container's pod ended: its devices may be allocated again."""
+        with self._lock:
+            self._allocated.get(resource, set()).difference_update(devices)
+
+    def allocated(self, resource: str) -> set[str]:
+        with self._lock:
+            return set(self._allocated.get(resource, ()))
 
     def _stub(self, resource: str) -> dp_grpc.DevicePluginStub:
         with self._lock:
@@ -554,6 +642,8 @@ def wait_for_socket(path: Path, timeout: float = 10.0) -> None:
 
 
 __all__ = [
+    "Admission",
+    "AdmissionError",
     "ContainerDevices",
     "ContainerResources",
     "DeviceState",
