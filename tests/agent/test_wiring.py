@@ -38,7 +38,7 @@ def lend(rig: Rig) -> None:
 
 def hosted(agent: Agent) -> RuntimeService:
     return RuntimeService.for_agent(
-        agent.config, RuntimeConfig(), owner_of=agent.owner_of, lendable=agent.lendable, own_plugin_socket="x.sock"
+        agent.config, RuntimeConfig(), owner_of=agent.owner_of, lendable=agent.lendable, own_plugin_sockets=("x.sock",)
     )
 
 

@@ -54,14 +54,15 @@ def make_utilization(config: AgentConfig, metrics: AgentMetrics) -> UtilizationR
 
 def runtime_service_factory(config: AgentConfig, runtime: RuntimeConfig) -> RuntimeServiceFactory:
     """spotgpu-runtime's service as the agent hosts it: the agent's paths, its owner lookup, and
-    our own device plugin's socket left out of the runtime's device plugin probing."""
+    our own device plugins' sockets (exclusive twins and shared replicas) left out of the
+    runtime's device plugin probing."""
 
     def make(agent: Agent) -> RuntimeService:
         return RuntimeService.for_agent(
             config,
             runtime,
             owner_of=agent.owner_of,
-            own_plugin_socket=config.plugin_socket_name,
+            own_plugin_sockets=(config.plugin_socket_name, config.shared_plugin_socket_name),
             lendable=agent.lendable,
         )
 

@@ -94,7 +94,7 @@ class _Bench:
     def start_spots(self, containerd: Containerd, run: int) -> list[str]:
         cids = []
         for i, gpu in enumerate(self.gpus):
-            cid = f"spot-{run}-{i}"
+            cid = f"spot-{os.getpid()}-{run}-{i}"  # unique per process: runc's state is machine-wide
             containerd.run_detached(
                 cid,
                 self.rootfs,

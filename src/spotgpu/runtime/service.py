@@ -13,7 +13,7 @@ and ``json`` (+9 ms) each time.
 Hosting it in the agent (done by the agent's wiring, not here)::
 
     service = RuntimeService.for_agent(agent_config, runtime_config, owner_of=agent.owner_of,
-                                       own_plugin_socket="spotgpu-spot-gpu.sock",
+                                       own_plugin_sockets=("spotgpu-spot-gpu.sock",),
                                        lendable=agent.lendable)
     service.start()       # after the MappingCache is recovered, before the device plugin registers
     ...
@@ -30,6 +30,7 @@ import os
 import socket
 import socketserver
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -93,7 +94,7 @@ class RuntimeService:
         runtime: RuntimeConfig,
         *,
         owner_of: OwnerOf,
-        own_plugin_socket: str | None = None,
+        own_plugin_sockets: Sequence[str] = (),
         lendable: LendableOf | None = None,
     ) -> RuntimeService:
         """The service as the agent hosts it: kubelet clients from the agent's paths, owners (and
@@ -102,7 +103,7 @@ class RuntimeService:
         lookup = KubeletNodeLookup.from_config(
             config,
             owner_of,
-            exclude_sockets=(own_plugin_socket,) if own_plugin_socket else (),
+            exclude_sockets=tuple(own_plugin_sockets),
             lendable=lendable,
         )
         service = cls(config.agent_socket, SpecEngine(config, lookup, LinuxHost()))
