@@ -20,10 +20,10 @@ line per command (flushed), so the harness drives the owner like a developer at 
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Final
+
+from spotgpu.testing.cbuild import compile_static
 
 CLIENT_SOURCE: Final = r"""
 /* e2eclient: the owner's GPU client of `spotgpu node-e2e` (see spotgpu/e2e/client.py). */
@@ -111,18 +111,7 @@ int main(void) {
 
 def build_client(directory: Path) -> Path:
     """Compile ``e2eclient`` statically into ``directory``; returns the binary's path."""
-    compiler = shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        raise FileNotFoundError("gcc with a static libc is needed to build the owner's GPU client (Debian: gcc)")
-    directory.mkdir(parents=True, exist_ok=True)
-    source = directory / "e2eclient.c"
-    binary = directory / "e2eclient"
-    source.write_text(CLIENT_SOURCE)
-    command = [compiler, "-static", "-O2", "-Wall", "-o", str(binary), str(source)]
-    proc = subprocess.run(command, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"building e2eclient failed: {proc.stderr.strip()}")
-    return binary
+    return compile_static(CLIENT_SOURCE, directory, "e2eclient")
 
 
 __all__ = ["CLIENT_SOURCE", "build_client"]

@@ -17,12 +17,12 @@ means the call reached the driver, ENOSYS would mean a guard without a listener.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+from spotgpu.testing.cbuild import compile_static
 
 IOC_RW: Final = 0xC000_0000
 
@@ -244,18 +244,7 @@ int main(int argc, char **argv) {
 
 def build_probe(directory: Path) -> Path:
     """Compile ``guardprobe`` statically into ``directory``; returns the binary's path."""
-    compiler = shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        raise FileNotFoundError("gcc is needed to build the stand-in GPU client (Debian: gcc libc6-dev)")
-    directory.mkdir(parents=True, exist_ok=True)
-    source = directory / "guardprobe.c"
-    binary = directory / "guardprobe"
-    source.write_text(PROBE_SOURCE)
-    command = [compiler, "-static", "-O2", "-Wall", "-o", str(binary), str(source)]
-    proc = subprocess.run(command, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"building guardprobe failed: {proc.stderr.strip()}")
-    return binary
+    return compile_static(PROBE_SOURCE, directory, "guardprobe")
 
 
 __all__ = [
