@@ -13,9 +13,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import FrameType
 from typing import Protocol, cast
 
 from spotgpu import __version__
@@ -43,6 +46,19 @@ COMMANDS: dict[str, Command] = {
     "node-e2e": Command("spotgpu.cli.node_e2e", "run the full lend/return cycle on this machine (root)"),
     "guard-holder": Command("spotgpu.cli.guard_holder", "run the guard's notify-fd holder process"),
 }
+
+
+def stop_on_signals(log: logging.Logger) -> threading.Event:
+    """An event set on SIGTERM or SIGINT (long-running commands wait on it to shut down cleanly)."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop
 
 
 def _load(name: str) -> CommandModule:
@@ -93,4 +109,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-__all__ = ["COMMANDS", "Command", "build_parser", "main"]
+__all__ = ["COMMANDS", "Command", "build_parser", "main", "stop_on_signals"]

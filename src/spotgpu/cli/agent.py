@@ -13,15 +13,13 @@ import argparse
 import importlib
 import logging
 import os
-import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from spotgpu.agent.ports import GuardPort
+from spotgpu.cli import stop_on_signals
 from spotgpu.core.config import AgentConfig, ConfigError, load_yaml_file
 from spotgpu.core.errors import SpotgpuError
 from spotgpu.core.ids import NodeName
@@ -107,14 +105,7 @@ def run(args: argparse.Namespace) -> int:
     except SpotgpuError as exc:
         print(f"spotgpu agent: cannot start: {exc}", file=sys.stderr)
         return 1
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals(log)
     try:
         agent.start()
     except (SpotgpuError, OSError) as exc:

@@ -11,13 +11,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import socket
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 
+from spotgpu.cli import stop_on_signals
 from spotgpu.core.errors import SpotgpuError
 
 log = logging.getLogger("spotgpu.scheduler")
@@ -82,14 +80,7 @@ def run(args: argparse.Namespace) -> int:
         print("configuration ok")
         return 0
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals(log)
 
     try:
         connection = connect_from_args(args, field_manager="spotgpu-scheduler")

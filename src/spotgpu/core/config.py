@@ -156,7 +156,7 @@ def _convert(hint: Any, value: object, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported configuration type {hint!r}")  # a programming error
 
 
-def from_mapping(cls: type[T], data: Mapping[str, object], path: str = "") -> T:
+def from_mapping(cls: type[T], data: object, path: str = "") -> T:
     """Build dataclass ``cls`` from ``data`` (camelCase keys), validating every value.
 
     After conversion, the dataclass's own ``__post_init__`` may raise :class:`ConfigError` for
@@ -187,18 +187,23 @@ def from_mapping(cls: type[T], data: Mapping[str, object], path: str = "") -> T:
         raise ConfigError(msg if not path or msg.startswith(path) else f"{path}: {msg}") from None
 
 
-def load_yaml_file(path: Path, cls: type[T], section: str | None = None) -> T:
-    """Read a YAML file and load ``cls`` from it (or from its top-level ``section``)."""
+def read_yaml(path: Path, what: str = "configuration") -> object:
+    """Read and parse one YAML file; errors name the file (``what`` says what it should hold)."""
     import yaml
 
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read configuration: {exc.strerror or exc}") from None
+        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+
+
+def load_yaml_file(path: Path, cls: type[T], section: str | None = None) -> T:
+    """Read a YAML file and load ``cls`` from it (or from its top-level ``section``)."""
+    data = read_yaml(path)
     if data is None:
         data = {}
     if section is not None:
@@ -381,4 +386,5 @@ __all__ = [
     "from_mapping",
     "load_yaml_file",
     "parse_duration",
+    "read_yaml",
 ]

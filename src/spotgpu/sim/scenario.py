@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from spotgpu.core.config import ConfigError, Seconds, from_mapping
+from spotgpu.core.config import ConfigError, Seconds, from_mapping, read_yaml
 from spotgpu.core.types import NodeStrategy, SpotPriority
 from spotgpu.scheduler.config import SchedulerConfig
 from spotgpu.sim import defaults
@@ -351,16 +351,7 @@ def parse_scenario(data: object, base_dir: Path = Path(".")) -> Scenario:
 
 def load_scenario(path: Path) -> Scenario:
     """Read and validate a scenario YAML file (errors name the file and the key)."""
-    import yaml
-
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read scenario: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    data = read_yaml(path, "scenario")
     try:
         return parse_scenario(data, path.resolve().parent)
     except ConfigError as exc:
