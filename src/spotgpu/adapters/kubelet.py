@@ -10,7 +10,7 @@ that directory when a plugin's socket must be found.
   or disabled (remembered, so the next call goes to ``List`` directly), and the node's
   allocatable devices with their NUMA topology. For the agent
   (:class:`~spotgpu.agent.node_ports.PodResourcesPort`): every active pod's assignments as
-  :class:`~spotgpu.agent.node_ports.AllocatedDevices` rows (``List``). Mount the socket's
+  :class:`~spotgpu.core.allocations.AllocatedDevices` rows (``List``). Mount the socket's
   *directory* (a kubelet restart re-creates the socket; protocols.md 2.3); the kubelet
   rate-limits the API to 100 calls/s (burst 10), far above what the agent (one ``List`` per
   detection cycle and per Allocate cache miss) and the runtime (two calls per sync) make.
@@ -48,7 +48,7 @@ from spotgpu.adapters.proto import deviceplugin_v1beta1_pb2 as dp
 from spotgpu.adapters.proto import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from spotgpu.adapters.proto import podresources_v1_pb2 as pr
 from spotgpu.adapters.proto import podresources_v1_pb2_grpc as pr_grpc
-from spotgpu.agent.node_ports import AllocatedDevices
+from spotgpu.core.allocations import AllocatedDevices
 from spotgpu.core.errors import PermanentError, TemporaryError, ValidationError
 from spotgpu.core.ids import DeviceID, ResourceName
 from spotgpu.core.refs import PodRef

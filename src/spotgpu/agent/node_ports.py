@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from spotgpu.core.ids import DeviceID, ResourceName
-from spotgpu.core.refs import ContainerRef, PodRef
+from spotgpu.core.allocations import AllocatedDevices  # re-exported: its home is the core (no adapter -> agent import)
+from spotgpu.core.ids import DeviceID
+from spotgpu.core.refs import ContainerRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,16 +134,6 @@ class TaskPort(Protocol):
     def list_containers(self) -> list[RuntimeContainer]:
         """Every container of the configured namespace with its labels."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class AllocatedDevices:
-    """One container's devices of one resource, as the kubelet's pod-resources API reports."""
-
-    pod: PodRef
-    container: str
-    resource: ResourceName
-    device_ids: tuple[DeviceID, ...]
 
 
 class PidAttributor(Protocol):

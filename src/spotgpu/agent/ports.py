@@ -5,7 +5,8 @@ Protocols and plain data only; no side effects here. Implementations live at the
 * :class:`KubePort`: the Kubernetes API (real adapter in :mod:`spotgpu.kube`, an in-memory
   fake in tests, the HTTP API double in the node end-to-end harness).
 * :class:`GuardPort`: the return guard (:mod:`spotgpu.guard`), armed while an owner's GPUs
-  are lent; it calls the agent's :data:`OwnerBackHandler` when it catches the owner.
+  are lent; it calls the agent's :data:`OwnerBackHandler` when it catches the owner. Both are
+  defined in :mod:`spotgpu.guard.port` (so the guard needs no agent import) and re-exported here.
 
 Contract for every port method: idempotent where the docstring says so, raises
 :class:`~spotgpu.core.errors.TemporaryError` for failures worth retrying (connection refused,
@@ -20,8 +21,9 @@ from enum import StrEnum
 from typing import Protocol
 
 from spotgpu.core.ids import NodeName
-from spotgpu.core.refs import ContainerRef, PodRef
+from spotgpu.core.refs import PodRef
 from spotgpu.core.types import EvictionReason
+from spotgpu.guard.port import GuardPort, OwnerBackHandler  # the guard's own module: no guard -> agent import
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,29 +88,6 @@ class KubePort(Protocol):
         Blocks; relists and resumes by itself after expired watches or dropped connections.
         """
         ...
-
-
-OwnerBackHandler = Callable[[ContainerRef], None]
-"""Called by the guard, from its own thread, when an armed owner starts a GPU session."""
-
-
-class GuardPort(Protocol):
-    """The return guard as the agent's solver drives it."""
-
-    @property
-    def available(self) -> bool:
-        """Seccomp user notification works here (runc >= 1.1, libseccomp >= 2.5, kernel >= 5.5)."""
-        ...
-
-    def arm(self, owner: ContainerRef) -> None:
-        """The owner's GPUs are lent: hold its next GPU session and report it. Idempotent."""
-        ...
-
-    def disarm(self, owner: ContainerRef) -> None:
-        """The owner's GPUs are clean again: release any held call and stop holding. Idempotent."""
-        ...
-
-    def is_armed(self, owner: ContainerRef) -> bool: ...
 
 
 __all__ = [

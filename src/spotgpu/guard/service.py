@@ -1,9 +1,9 @@
-"""The agent's return guard: implements :class:`~spotgpu.agent.ports.GuardPort`.
+"""The agent's return guard: implements :class:`~spotgpu.guard.port.GuardPort`.
 
 Decisions come from :class:`~spotgpu.guard.policy.GuardPolicy`; this module applies them.
 Side effects: one loop thread that attaches to the fd holder's control socket, receives copies
 of every owner's notify fds, and answers the calls they catch (CONTINUE at once, or hold);
-short-lived threads that call the agent's :data:`~spotgpu.agent.ports.OwnerBackHandler`;
+short-lived threads that call the agent's :data:`~spotgpu.guard.port.OwnerBackHandler`;
 Prometheus metrics; log lines.
 
 Life of a caught call (see docs/guard.md for the whole design):
@@ -37,12 +37,12 @@ from dataclasses import dataclass
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from spotgpu.agent.ports import GuardPort, OwnerBackHandler
 from spotgpu.core.config import GuardConfig
 from spotgpu.core.refs import ContainerRef
 from spotgpu.guard import handover, protocol, seccomp
 from spotgpu.guard.listener import NotifyFdInfo
 from spotgpu.guard.policy import GuardPolicy, Hold, OwnerState, Release, ReleaseReason, Verdict
+from spotgpu.guard.port import GuardPort, OwnerBackHandler
 from spotgpu.guard.protocol import Op
 from spotgpu.guard.support import GuardSupport, probe
 
@@ -565,7 +565,7 @@ def _continue(fd: int, notification_id: int) -> None:
 
 
 def _conforms(service: GuardService) -> GuardPort:
-    return service  # mypy checks that GuardService implements the agent's GuardPort
+    return service  # mypy checks that GuardService implements the guard's port
 
 
 __all__ = ["GuardMetrics", "GuardService"]

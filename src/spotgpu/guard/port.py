@@ -1,0 +1,39 @@
+"""The return guard as the agent drives it: :class:`GuardPort` and :data:`OwnerBackHandler`.
+
+Protocols only; no side effects. :class:`~spotgpu.guard.service.GuardService` implements the
+port; the agent's solver uses it (re-exported by :mod:`spotgpu.agent.ports`). The port lives
+here, below the agent, so that the guard never imports the agent: the layers are agent, then
+runtime, then guard (an import-linter contract in pyproject.toml keeps them so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from spotgpu.core.refs import ContainerRef
+
+OwnerBackHandler = Callable[[ContainerRef], None]
+"""Called by the guard, from its own thread, when an armed owner starts a GPU session."""
+
+
+class GuardPort(Protocol):
+    """The return guard as the agent's solver drives it."""
+
+    @property
+    def available(self) -> bool:
+        """Seccomp user notification works here (runc >= 1.1, libseccomp >= 2.5, kernel >= 5.5)."""
+        ...
+
+    def arm(self, owner: ContainerRef) -> None:
+        """The owner's GPUs are lent: hold its next GPU session and report it. Idempotent."""
+        ...
+
+    def disarm(self, owner: ContainerRef) -> None:
+        """The owner's GPUs are clean again: release any held call and stop holding. Idempotent."""
+        ...
+
+    def is_armed(self, owner: ContainerRef) -> bool: ...
+
+
+__all__ = ["GuardPort", "OwnerBackHandler"]
