@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from spotgpu.core.clock import ManualClock
 from spotgpu.core.config import GuardConfig
 from spotgpu.guard import protocol, standin
 from spotgpu.guard.holder import FdHolder
@@ -100,3 +101,34 @@ def test_a_second_guard_takes_over_and_the_first_lets_go(node: Node) -> None:
     assert result["errno"] == errno.ENOTTY
     assert second.metrics.notifications.labels("continue")._value.get() == 1
     assert first.metrics.notifications.labels("continue")._value.get() == 0
+
+
+def test_holder_times_out_a_silent_control_connection_on_its_injected_clock(tmp_path: Path) -> None:
+    clock = ManualClock()
+    holder = FdHolder(tmp_path / "l.sock", tmp_path / "c.sock", SUPPORTED, guard_timeout=0.2, clock=clock)
+    holder.start()
+    thread = threading.Thread(target=holder.serve, daemon=True)
+    thread.start()
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        client.connect(str(tmp_path / "c.sock"))
+        client.settimeout(0.6)  # three real timeouts: the holder's clock has not moved
+        with pytest.raises(TimeoutError):
+            client.recv(64)
+        client.settimeout(0.1)
+        for _ in range(50):  # the accept may still be on its way: move the clock until it counts
+            clock.advance(1.0)
+            holder.loop.poke()
+            try:
+                got = client.recv(64)
+            except TimeoutError:
+                continue
+            break
+        else:
+            raise AssertionError("the holder never ended the connection")
+        assert got == b""  # "no attach": closed without a word
+    finally:
+        client.close()
+        holder.stop()
+        thread.join(5)
+        holder.close()

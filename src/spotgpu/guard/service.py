@@ -24,23 +24,22 @@ releases everything and lets go of its fds.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
-import os
 import select
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from spotgpu.core.config import GuardConfig
 from spotgpu.core.refs import ContainerRef
 from spotgpu.guard import handover, protocol, seccomp
+from spotgpu.guard.fdtable import NotifyFds
 from spotgpu.guard.listener import NotifyFdInfo
+from spotgpu.guard.loop import EventLoop
 from spotgpu.guard.policy import GuardPolicy, Hold, OwnerState, Release, ReleaseReason, Verdict
 from spotgpu.guard.port import GuardPort, OwnerBackHandler
 from spotgpu.guard.protocol import Op
@@ -84,12 +83,6 @@ class GuardMetrics:
         )
 
 
-@dataclass(slots=True)
-class _Fd:
-    fd: int
-    info: NotifyFdInfo
-
-
 class GuardService:
     """The return guard of one agent. ``start()`` it, drive it with arm/disarm, ``stop()`` it."""
 
@@ -113,8 +106,7 @@ class GuardService:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._send_lock = threading.Lock()
-        self._fds: dict[str, _Fd] = {}
-        self._by_fd: dict[int, str] = {}
+        self._fds = NotifyFds(self._watch_fd, self._unwatch_fd)
         self._sock: socket.socket | None = None
         self._holder_keys: set[str] = set()
         self._lost: dict[str, NotifyFdInfo] = {}
@@ -123,7 +115,7 @@ class GuardService:
         self._next_ping = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._wake, self._epoll = self._wakeup_and_epoll()
+        self._loop = EventLoop("guard")
         self._warned_no_holder_at = 0.0
         self.detaches = 0
         """How often the holder told this guard to let go (for diagnostics and tests)."""
@@ -177,11 +169,11 @@ class GuardService:
         """True when some process of ``owner`` runs under the rule and its fd is here: only then
         can the guard catch the owner's return (otherwise polling detection has to)."""
         with self._lock:
-            return any(f.info.owner == owner for f in self._fds.values())
+            return self._fds.owned_by(owner)
 
     def fds(self) -> list[NotifyFdInfo]:
         with self._lock:
-            return [f.info for f in self._fds.values()]
+            return [f.info for f in self._fds]
 
     def lost(self) -> list[NotifyFdInfo]:
         """Owner processes whose notify fd was lost, as the fd holder reports them: the holder and
@@ -223,8 +215,8 @@ class GuardService:
             return
         log.info("guard: %s", self._support.summary())
         self._stop.clear()
-        if self._epoll.closed:  # started again after stop()
-            self._wake, self._epoll = self._wakeup_and_epoll()
+        if self._loop.closed:  # started again after stop()
+            self._loop = EventLoop("guard")
         self._warned_no_holder_at = self._clock()
         self._thread = threading.Thread(target=self._run, name="spotgpu-guard", daemon=True)
         self._thread.start()
@@ -240,19 +232,10 @@ class GuardService:
             log.error("guard: the loop did not stop within %.0fs", timeout)
             return
         self._thread = None
-        self._epoll.close()
-        os.close(self._wake)
-
-    @staticmethod
-    def _wakeup_and_epoll() -> tuple[int, select.epoll]:
-        wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        epoll = select.epoll()
-        epoll.register(wake, select.EPOLLIN)
-        return wake, epoll
+        self._loop.close()
 
     def _poke(self) -> None:
-        with contextlib.suppress(OSError):
-            os.eventfd_write(self._wake, 1)
+        self._loop.poke()
 
     # -- the loop --------------------------------------------------------------------------
     def _run(self) -> None:
@@ -261,11 +244,7 @@ class GuardService:
                 now = self._clock()
                 if self._sock is None and now >= self._next_connect and not self.superseded:
                     self._connect()
-                for fd, mask in self._epoll.poll(self._timeout()):
-                    try:
-                        self._dispatch(fd, mask)
-                    except Exception:  # a bug in one event must not stop the others being answered
-                        log.exception("guard: handling an event on fd %d failed", fd)
+                self._loop.poll(self._timeout())
                 self._expire()
                 self._ping()
             self._shutdown()
@@ -286,22 +265,13 @@ class GuardService:
             candidates.append(deadline)
         return max(0.0, min(candidates) - now)
 
-    def _dispatch(self, fd: int, mask: int) -> None:
-        if fd == self._wake:
-            with contextlib.suppress(BlockingIOError):
-                os.eventfd_read(self._wake)
-        elif self._sock is not None and fd == self._sock.fileno():
-            self._on_holder()
-        else:
-            self._on_notify_fd(fd, mask)
-
     def _on_notify_fd(self, fd: int, mask: int) -> None:
         owner_back: ContainerRef | None = None
         with self._lock:
-            key = self._by_fd.get(fd)
-            if key is None:
+            entry = self._fds.by_fd(fd)
+            if entry is None:
                 return
-            entry = self._fds[key]
+            key = entry.key
             if mask & select.EPOLLIN:
                 try:
                     notification = seccomp.recv(fd)
@@ -370,32 +340,31 @@ class GuardService:
             self._tell_holder(protocol.encode(Op.DONE, key=hold.key, id=hold.id))
 
     # -- fds -------------------------------------------------------------------------------
+    def _watch_fd(self, fd: int) -> None:
+        self._loop.watch(fd, self._on_notify_fd)
+
+    def _unwatch_fd(self, fd: int) -> None:
+        self._loop.forget(fd)
+
     def _adopt(self, fd: int, info: NotifyFdInfo) -> None:
         """Caller holds the lock."""
-        if info.key in self._fds or not seccomp.is_notify_fd(fd):
-            os.close(fd)
+        if self._fds.adopt(fd, info, verify=True) is None:
             return
-        self._fds[info.key] = _Fd(fd, info)
-        self._by_fd[fd] = info.key
-        self._epoll.register(fd, select.EPOLLIN)
         self.metrics.notify_fds.set(len(self._fds))
         self._changed.notify_all()
 
     def _drop(self, key: str) -> None:
         """Caller holds the lock."""
         entry = self._fds.pop(key)
-        del self._by_fd[entry.fd]
-        self._apply_releases(self._policy.drop_fd(key))
-        with contextlib.suppress(OSError):
-            self._epoll.unregister(entry.fd)
-        os.close(entry.fd)
+        self._apply_releases(self._policy.drop_fd(key))  # the fd is out of the table: nothing to continue
+        self._fds.discard(entry)
         self.metrics.notify_fds.set(len(self._fds))
         self._changed.notify_all()
 
     def _drop_all(self) -> None:
         with self._lock:
             self._apply_releases(self._policy.release_all())
-            for key in list(self._fds):
+            for key in list(self._fds.keys()):
                 self._drop(key)
 
     # -- the holder ------------------------------------------------------------------------
@@ -406,7 +375,7 @@ class GuardService:
         try:
             sock.connect(str(self.config.holder_path))
             with self._lock:
-                have = sorted(self._fds)
+                have = sorted(self._fds.keys())
             protocol.send(sock, protocol.encode(Op.ATTACH, version=protocol.PROTOCOL_VERSION, have=have))
         except OSError as exc:
             sock.close()
@@ -422,9 +391,9 @@ class GuardService:
         self._sock = sock
         self._synced = False
         self._next_ping = self._clock() + self.config.holder_timeout / 4
-        self._epoll.register(sock.fileno(), select.EPOLLIN)
+        self._loop.watch(sock.fileno(), self._on_holder)
 
-    def _on_holder(self) -> None:
+    def _on_holder(self, _fd: int, _mask: int) -> None:
         assert self._sock is not None
         try:
             got = protocol.receive(self._sock)
@@ -487,8 +456,8 @@ class GuardService:
     def _sync(self) -> None:
         """Give the holder every fd it lacks and every call we hold; we are attached then."""
         with self._lock:
-            for key, entry in self._fds.items():
-                if key not in self._holder_keys:
+            for entry in self._fds:
+                if entry.key not in self._holder_keys:
                     self._tell_holder(protocol.fd_message(entry.info), entry.fd)
             for hold in self._policy.holds():
                 self._tell_holder(protocol.encode(Op.HOLD, key=hold.key, id=hold.id))
@@ -521,8 +490,7 @@ class GuardService:
             self._holder_keys = set()
             self.metrics.holder_attached.set(0)
             self._changed.notify_all()
-        with contextlib.suppress(OSError, ValueError):
-            self._epoll.unregister(sock.fileno())
+        self._loop.forget(sock.fileno())
         sock.close()
         self._next_connect = self._clock() + self._reconnect_interval
 
@@ -541,7 +509,7 @@ class GuardService:
             )
         self._disconnect()  # the holder takes over: nothing is held, nothing is stranded
         with self._lock:
-            for key in list(self._fds):
+            for key in list(self._fds.keys()):
                 self._drop(key)
 
     def _attach_before_exit(self) -> None:
@@ -552,8 +520,7 @@ class GuardService:
                 if self._sock is None:
                     time.sleep(0.05)
                     continue
-            for fd, mask in self._epoll.poll(0.05):
-                self._dispatch(fd, mask)
+            self._loop.poll(0.05)
 
 
 def _continue(fd: int, notification_id: int) -> None:
