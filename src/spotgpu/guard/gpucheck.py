@@ -38,10 +38,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from spotgpu.guard import seccomp
-from spotgpu.guard.rule import GUARD_MATCH
+from spotgpu.guard.rule import GUARD_MATCH, NV_IOCTL_MAGIC
 
 RULE = [(GUARD_MATCH.mask, GUARD_MATCH.value)]
-BROAD = [(0x0000_FF00, 0x0000_4600), (0xFFFF_FF00, 0x0000_0000), (0xFFFF_FFF0, 0x3000_0000)]
+BROAD = [(0x0000_FF00, NV_IOCTL_MAGIC << 8), (0xFFFF_FF00, 0x0000_0000), (0xFFFF_FFF0, 0x3000_0000)]
 """Every 'F'-type request, UVM's small raw numbers (< 256) and UVM_(DE)INITIALIZE: to count all
 NVIDIA ioctls a command issues (never used by the guard itself)."""
 

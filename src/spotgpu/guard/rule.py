@@ -51,10 +51,20 @@ from spotgpu.core.refs import ContainerRef, RefError
 
 _U64: Final = (1 << 64) - 1
 
-# Linux _IOC layout: dir << 30 | size << 16 | type << 8 | nr (asm-generic/ioctl.h).
+# Linux _IOC layout: dir << 30 | size << 16 | type << 8 | nr (asm-generic/ioctl.h). The one home
+# of NVIDIA's ioctl numbering in spotgpu: the stand-in client, the GPU check, the benchmark and
+# the node end-to-end run all take their numbers from here.
 IOC_READ_WRITE: Final = 0xC000_0000
 NV_IOCTL_MAGIC: Final = 0x46  # 'F'
 NV_ESC_CHECK_VERSION_STR: Final = 210
+
+
+def nv_ioctl(nr: int, size: int) -> int:
+    """``_IOWR('F', nr, size)``, as NVIDIA's userspace encodes frontend and RM escapes."""
+    if not 0 <= size < 1 << 14:
+        raise ValueError(f"_IOC size {size} does not fit 14 bits")
+    return IOC_READ_WRITE | size << 16 | NV_IOCTL_MAGIC << 8 | nr
+
 
 NOTIFY: Final = "SCMP_ACT_NOTIFY"
 ALLOW: Final = "SCMP_ACT_ALLOW"
@@ -397,6 +407,9 @@ def listener_ready(listener_path: str, timeout: float = 0.5) -> bool:
 
 __all__ = [
     "GUARD_MATCH",
+    "IOC_READ_WRITE",
+    "NV_ESC_CHECK_VERSION_STR",
+    "NV_IOCTL_MAGIC",
     "SECCOMP_ARCHES",
     "GuardRuleConflict",
     "GuardRuleError",
@@ -406,5 +419,6 @@ __all__ = [
     "format_listener_metadata",
     "guarded_owner",
     "listener_ready",
+    "nv_ioctl",
     "parse_listener_metadata",
 ]

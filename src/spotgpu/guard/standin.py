@@ -22,20 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from spotgpu.guard.rule import NV_ESC_CHECK_VERSION_STR, nv_ioctl
 from spotgpu.testing.cbuild import compile_static
 
-IOC_RW: Final = 0xC000_0000
-
-
-def nv_ioctl(nr: int, size: int) -> int:
-    """``_IOWR('F', nr, size)``, as NVIDIA's userspace encodes frontend and RM escapes."""
-    if not 0 <= size < 1 << 14:
-        raise ValueError(f"_IOC size {size} does not fit 14 bits")
-    return IOC_RW | size << 16 | 0x46 << 8 | nr
-
-
-# Frontend escapes (nv-ioctl-numbers.h) with their parameter sizes (nv-ioctl.h, nvos.h).
-CHECK_VERSION_STR: Final = nv_ioctl(210, 72)  # nv_ioctl_rm_api_version_t
+# Frontend escapes (nv-ioctl-numbers.h) with their parameter sizes (nv-ioctl.h, nvos.h); the
+# encoding and the version check's number are the rule's (spotgpu.guard.rule).
+CHECK_VERSION_STR: Final = nv_ioctl(NV_ESC_CHECK_VERSION_STR, 72)  # nv_ioctl_rm_api_version_t
 SYS_PARAMS: Final = nv_ioctl(214, 8)  # nv_ioctl_sys_params_t
 CARD_INFO: Final = nv_ioctl(200, 32 * 72)  # nv_ioctl_card_info_t[NV_MAX_DEVICES]
 REGISTER_FD: Final = nv_ioctl(201, 4)  # nv_ioctl_register_fd_t
