@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -35,6 +33,7 @@ from spotgpu.agent.node_ports import LentOwner
 from spotgpu.core.errors import TemporaryError, ValidationError
 from spotgpu.core.ids import validate_device_id
 from spotgpu.core.refs import ContainerRef
+from spotgpu.util.fileio import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -98,19 +97,9 @@ class LendStateFile:
             return []
 
     def save(self, lent: Sequence[LentOwner]) -> None:
-        data = encode(lent)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+            write_atomic(self.path, encode(lent), mode=0o600, durable=False)  # no fsync: see the module docstring
         except OSError as exc:
-            raise TemporaryError(f"lending record {self.path}: {exc.strerror}") from None
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, self.path)
-        except OSError as exc:
-            Path(tmp).unlink(missing_ok=True)
             raise TemporaryError(f"lending record {self.path}: {exc.strerror}") from None
 
 

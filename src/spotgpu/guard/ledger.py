@@ -15,11 +15,8 @@ Encoding, decoding and :func:`unreturned` are pure; :func:`read`, :func:`write` 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-import uuid
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +24,7 @@ from typing import Any, Final
 
 from spotgpu.core.errors import ValidationError
 from spotgpu.guard.listener import NotifyFdInfo
+from spotgpu.util.fileio import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -135,17 +133,10 @@ def read(path: Path) -> Ledger | None:
 
 
 def write(path: Path, ledger: Ledger) -> None:
-    """Replace the ledger atomically (write a private temporary file, then rename it)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(encode(ledger))
-        os.rename(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    """Replace the ledger atomically (a private temporary file, then a rename). Not flushed to
+    the disk: the holder writes it from the loop that answers calls, where a disk flush must not
+    be, and the ledger lives on a tmpfs that a reboot clears along with the containers anyway."""
+    write_atomic(path, encode(ledger), mode=0o600, durable=False, make_parents=False)
 
 
 def process_start_time(pid: int, proc: Path = Path("/proc")) -> int | None:

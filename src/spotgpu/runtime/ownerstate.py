@@ -13,8 +13,6 @@ synced device "owner unknown", so the local fallback refuses syncs rather than g
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import threading
 from pathlib import Path
 from typing import Final
@@ -22,6 +20,7 @@ from typing import Final
 from spotgpu.core.errors import TemporaryError, ValidationError
 from spotgpu.core.ids import DeviceID
 from spotgpu.core.mapping_cache import MappingSnapshot, Owner
+from spotgpu.util.fileio import write_atomic
 
 VERSION: Final = 1
 
@@ -29,18 +28,7 @@ VERSION: Final = 1
 def write_owner_state(path: Path, snapshot: MappingSnapshot) -> None:
     """Write ``snapshot``'s owners to ``path`` atomically (mode 0644)."""
     data = json.dumps({"version": VERSION, "owners": snapshot.to_json()}, sort_keys=True).encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, data, mode=0o644)
 
 
 def read_owner_state(path: Path) -> MappingSnapshot:

@@ -33,7 +33,6 @@ import os
 import shutil
 import sys
 import sysconfig
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
@@ -41,6 +40,7 @@ from typing import Final
 from spotgpu.core import keys
 from spotgpu.core.errors import ValidationError
 from spotgpu.runtime.config import RuntimeConfig
+from spotgpu.util.fileio import write_atomic
 
 SHIM_NAME: Final = "spotgpu-runtime"
 WRAPPER_FILES: Final = (
@@ -184,19 +184,6 @@ def package_root() -> Path:
     return Path(spotgpu.__file__).resolve().parent.parent
 
 
-def _write_atomically(path: Path, text: str, mode: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def install_shim(
     dest: Path,
     config: RuntimeConfig,
@@ -221,7 +208,7 @@ def install_shim(
     else:
         lib = str(dest / "lib")
         for rel in WRAPPER_FILES:
-            _write_atomically(dest / "lib" / rel, (root / rel).read_text(), 0o644)
+            write_atomic(dest / "lib" / rel, (root / rel).read_bytes(), mode=0o644)
     text = render_shim(
         lower=resolve_lower(config.lower_runtime),
         python=python,
@@ -234,7 +221,7 @@ def install_shim(
         source=str(config_path) if config_path else "",
     )
     script = dest / name
-    _write_atomically(script, text, 0o755)
+    write_atomic(script, text.encode(), mode=0o755)
     return script
 
 
