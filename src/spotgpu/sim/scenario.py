@@ -24,6 +24,7 @@ from spotgpu.core.config import ConfigError, Seconds, from_mapping, read_yaml
 from spotgpu.core.types import NodeStrategy, SpotPriority
 from spotgpu.scheduler.config import SchedulerConfig
 from spotgpu.sim import defaults
+from spotgpu.sim.latency import Latencies
 from spotgpu.sim.workloads import JOB_SOURCES, OWNER_SOURCES, JobRequest, OwnerRequest, OwnerTrace, PriorityRule
 from spotgpu.sim.workloads.base import TraceJob, WorkloadError
 
@@ -52,41 +53,6 @@ class ClusterSpec:
             raise ConfigError(f"nodes: must be at least 1, got {self.nodes}")
         if not 1 <= self.gpus_per_node <= 64:
             raise ConfigError(f"gpusPerNode: must be within 1..64, got {self.gpus_per_node}")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Latencies:
-    """Node and control-plane latencies; defaults and their sources in :mod:`spotgpu.sim.defaults`."""
-
-    detect_interval: Seconds = defaults.DETECT_INTERVAL_S
-    guard_signal: Seconds = defaults.GUARD_SIGNAL_S
-    kill_first_task: Seconds = defaults.KILL_FIRST_TASK_S
-    kill_extra_task: Seconds = defaults.KILL_EXTRA_TASK_S
-    guard_release: Seconds = defaults.GUARD_RELEASE_S
-    fail_open_timeout: Seconds = defaults.FAIL_OPEN_TIMEOUT_S
-    schedule_period: Seconds | None = None
-    """None: automatic, :func:`spotgpu.sim.defaults.schedule_period` of the cluster size."""
-    spot_start: Seconds = defaults.SPOT_START_S
-    reserved_start: Seconds = defaults.RESERVED_START_S
-    gang_teardown: Seconds = defaults.GANG_TEARDOWN_S
-    requeue_delay: Seconds = defaults.REQUEUE_DELAY_S
-    shadow_release: Seconds = defaults.SHADOW_RELEASE_S
-
-    def __post_init__(self) -> None:
-        if self.detect_interval <= 0:
-            raise ConfigError("detectInterval: must be greater than zero")
-        if self.schedule_period is not None and self.schedule_period <= 0:
-            raise ConfigError("schedulePeriod: must be greater than zero")
-        if self.fail_open_timeout <= 0:
-            raise ConfigError("failOpenTimeout: must be greater than zero")
-
-    def period(self, nodes: int) -> float:
-        """The scheduling period for a cluster of ``nodes`` nodes."""
-        return self.schedule_period if self.schedule_period is not None else defaults.schedule_period(nodes)
-
-    def kill(self, tasks: int) -> float:
-        """Time to kill ``tasks`` spot tasks of one owner's GPUs through containerd (0 when none)."""
-        return 0.0 if tasks <= 0 else self.kill_first_task + (tasks - 1) * self.kill_extra_task
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -487,6 +453,12 @@ def _job_specs(stream: JobStream, raw: list[TraceJob], per_pod: int) -> list[Job
     return out
 
 
+LATENCY_MODEL: Final = (
+    "sampled: each occurrence of a measured latency is drawn with the run's seeded generator from its table of "
+    "benchmark quantiles (linear between them, clamped outside); owner holds and start-up delays are model output"
+)
+
+
 def scenario_summary(s: Scenario, w: Workload) -> dict[str, object]:
     """What the report says about the input (sizes, offered load)."""
     gpus = s.cluster.nodes * s.cluster.gpus_per_node
@@ -515,6 +487,8 @@ def scenario_summary(s: Scenario, w: Workload) -> dict[str, object]:
         "reserved_offered_load": offered(reserved),
         "checkpoint_interval_s": s.checkpoint_interval,
         "schedule_period_s": s.latencies.period(s.cluster.nodes),
+        "latency_model": LATENCY_MODEL,
+        "latencies": s.latencies.describe(),
         "owner_groups": [
             {"name": g.name, "source": g.source, "nodes": n, "gpus_per_owner": g.gpus_per_owner}
             for g, n in zip(s.owners, s.group_nodes(), strict=True)
