@@ -224,3 +224,28 @@ def test_percentile_interpolates_between_ranks() -> None:
     assert percentile([5.0], 50) == 5.0
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([float(i) for i in range(101)], 99) == pytest.approx(99.0)
+
+
+def test_waits_count_unstarted_jobs_censored_at_the_end() -> None:
+    """Two 8-GPU spot jobs on one unallocated 8-GPU node: the first runs the whole 5 h, the second
+    (arrived at 1 h) never starts. Its wait is censored at the end: 4 h, counted in the wait
+    percentiles and in ``spot_wait_censored``; the started-only figures leave it out."""
+    jobs = [
+        {"arrival": "0s", "duration": "10h", "gpus": 8, "priority": "spotmid"},
+        {"arrival": "1h", "duration": "1h", "gpus": 8, "priority": "spotmid"},
+    ]
+    s = scenario(
+        duration="5h",
+        cluster={"nodes": 1, "gpusPerNode": 8},
+        spotJobs=[{"name": "q", "source": "inline", "inline": {"jobs": jobs}}],
+        policies=[{"name": "baseline", "lending": False, "strategy": "idle"}],
+    )
+    sim, summary = run(s, "baseline")
+    first = sim.jobs[0].first_start
+    assert first is not None and first < 10 and sim.jobs[1].first_start is None
+    assert summary["spot_wait_censored"] == 1
+    assert summary["spot_wait_started_s_p50"] == summary["spot_wait_started_s_p99"] == pytest.approx(first, abs=1e-3)
+    censored = 4 * HOUR
+    assert summary["spot_wait_s_p50"] == pytest.approx((first + censored) / 2, abs=1e-3)
+    assert summary["spot_wait_s_p99"] == pytest.approx(first + 0.99 * (censored - first), abs=1e-3)
+    assert summary["reserved_wait_censored"] == 0

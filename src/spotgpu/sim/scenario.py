@@ -149,6 +149,8 @@ class Scenario:
     sample_interval: float = defaults.SAMPLE_INTERVAL_S
     description: str = ""
     base_dir: Path = Path(".")
+    path: Path | None = None
+    """The scenario file it was read from (None: built in code); trace errors name it."""
 
     def group_nodes(self) -> list[int]:
         """Nodes of each owner group, in order (shares of the current node count, rounded)."""
@@ -319,7 +321,7 @@ def load_scenario(path: Path) -> Scenario:
     """Read and validate a scenario YAML file (errors name the file and the key)."""
     data = read_yaml(path, "scenario")
     try:
-        return parse_scenario(data, path.resolve().parent)
+        return dataclasses.replace(parse_scenario(data, path.resolve().parent), path=path)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
 
@@ -396,7 +398,8 @@ def build_workload(s: Scenario) -> Workload:
 
     Owner groups take consecutive nodes in order; the remaining nodes are unallocated. Job
     names are ``<stream>-<n>`` in arrival order. Raises :class:`ConfigError` naming the group or
-    stream whose source failed.
+    stream whose source failed (and the scenario file, when it came from one: ``s.yaml:
+    spotJobs[0] (itp): trace.csv:7: duration: 'x' is not a number of seconds``).
     """
     gpn = s.cluster.gpus_per_node
     total_gpus = s.cluster.nodes * gpn
@@ -408,9 +411,11 @@ def build_workload(s: Scenario) -> Workload:
         try:
             traces = OWNER_SOURCES.get(group.source).build(group.config, request)
         except WorkloadError as exc:
-            raise ConfigError(f"owners[{i}] ({group.name}): {exc}") from None
+            raise ConfigError(f"{_file(s)}owners[{i}] ({group.name}): {exc}") from None
         if len(traces) != request.count:
-            raise ConfigError(f"owners[{i}] ({group.name}): source gave {len(traces)} owners, {request.count} needed")
+            raise ConfigError(
+                f"{_file(s)}owners[{i}] ({group.name}): source gave {len(traces)} owners, {request.count} needed"
+            )
         for j, trace in enumerate(traces):
             slots.append(OwnerSlot(trace, group.name, node + j // per_node, (j % per_node) * group.gpus_per_owner))
         node += count
@@ -426,10 +431,14 @@ def build_workload(s: Scenario) -> Workload:
             try:
                 raw = JOB_SOURCES.get(stream.source).build(stream.config, job_request)
             except WorkloadError as exc:
-                raise ConfigError(f"{key}[{i}] ({stream.name}): {exc}") from None
+                raise ConfigError(f"{_file(s)}{key}[{i}] ({stream.name}): {exc}") from None
             jobs.extend(_job_specs(stream, raw, stream.gpus_per_pod or gpn))
     jobs.sort(key=lambda j: (j.arrival, j.name))
     return Workload(tuple(slots), tuple(jobs), s.cluster.nodes - node)
+
+
+def _file(s: Scenario) -> str:
+    return f"{s.path}: " if s.path is not None else ""
 
 
 def _job_specs(stream: JobStream, raw: list[TraceJob], per_pod: int) -> list[JobSpec]:

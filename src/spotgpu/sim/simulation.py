@@ -374,6 +374,8 @@ class Simulation:
         for job in self.jobs:
             if job.phase is JobPhase.RUNNING and job.spot and job.started_at is not None:
                 self.metrics.useful_spot_gpu_s += (now - job.started_at) * job.spec.gpus
+            if job.first_start is None and job.arrival <= now:
+                self.metrics.censor(job.spot, now - job.arrival)
         self._refresh_nodes()
         self.checker.audit(now, self.nodes, self.pods.values())
         self.metrics.sample(now)
