@@ -16,6 +16,7 @@ needs no change here.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -24,11 +25,14 @@ from spotgpu.core.config import ConfigError, Seconds, from_mapping, read_yaml
 from spotgpu.core.types import NodeStrategy, SpotPriority
 from spotgpu.scheduler.config import SchedulerConfig
 from spotgpu.sim import defaults
+from spotgpu.sim.inputs import StreamUse, scenario_summary
 from spotgpu.sim.latency import Latencies
 from spotgpu.sim.workloads import JOB_SOURCES, OWNER_SOURCES, JobRequest, OwnerRequest, OwnerTrace, PriorityRule
 from spotgpu.sim.workloads.base import TraceJob, WorkloadError
 
 DEFAULT_SCENARIO: Final = Path(__file__).resolve().parent / "data" / "default.yaml"
+EMBEDDED_SCENARIOS: Final = {"default": DEFAULT_SCENARIO, "bursty": DEFAULT_SCENARIO.with_name("bursty.yaml")}
+"""Scenarios shipped with spotgpu, by the name ``spotgpu simulate --scenario NAME`` takes."""
 DAY: Final = 86400.0
 _ONE_DAY: Final = Seconds(DAY)
 _NEVER: Final = Seconds(0.0)
@@ -66,6 +70,8 @@ class PolicySpec:
     strategy: NodeStrategy = NodeStrategy.LOWPOWER
     guard: bool = True
     """Return detection by the guard (event); false: by the detector's polling only."""
+    recommended: bool = False
+    """The policy the project recommends (at most one per scenario); marked in the report."""
 
     def __post_init__(self) -> None:
         _check_name("name", self.name)
@@ -293,6 +299,9 @@ def parse_scenario(data: object, base_dir: Path = Path(".")) -> Scenario:
     pnames = [p.name for p in policies]
     if len(set(pnames)) != len(pnames):
         raise ConfigError(f"policies: names must be unique, got {pnames}")
+    marked = [p.name for p in policies if p.recommended]
+    if len(marked) > 1:
+        raise ConfigError(f"policies: at most one policy may be recommended, got {marked}")
     if top.checkpoint_interval < 0:
         raise ConfigError("checkpointInterval: must not be negative")
     if top.sample_interval <= 0:
@@ -331,15 +340,38 @@ def default_scenario() -> Scenario:
     return load_scenario(DEFAULT_SCENARIO)
 
 
-DEFAULT_POLICIES: Final = (
+def scenario_argument(text: str) -> Scenario:
+    """``--scenario``: an embedded scenario's name (no ``/`` and no ``.``) or a YAML file's path."""
+    if "/" in text or "." in text:
+        return load_scenario(Path(text))
+    path = EMBEDDED_SCENARIOS.get(text)
+    if path is None:
+        raise ConfigError(
+            f"--scenario: {text!r} is not an embedded scenario ({', '.join(EMBEDDED_SCENARIOS)}); a file path has"
+            " a '/' or a suffix (./my-scenario.yaml)"
+        )
+    return load_scenario(path)
+
+
+def _policy_set(*entries: PolicySpec) -> tuple[PolicySpec, ...]:
+    """A policy set in order, recommending the *last* entry marked ``recommended`` (earlier marks
+    are dropped): a newer recommendation is one entry appended, nothing else changes."""
+    marked = [i for i, p in enumerate(entries) if p.recommended]
+    pick = marked[-1] if marked else -1
+    return tuple(dataclasses.replace(p, recommended=i == pick) for i, p in enumerate(entries))
+
+
+DEFAULT_POLICIES: Final = _policy_set(
     PolicySpec("baseline", lending=False, strategy=NodeStrategy.IDLE),
-    PolicySpec("lowpower-2m", max_inactive_time=Seconds(120.0)),
+    PolicySpec("lowpower-2m", max_inactive_time=Seconds(120.0), recommended=True),
     PolicySpec("lowpower-10m", max_inactive_time=Seconds(600.0)),
     PolicySpec("lowpower-30m", max_inactive_time=Seconds(1800.0)),
     PolicySpec("idle-10m", max_inactive_time=Seconds(600.0), strategy=NodeStrategy.IDLE),
+    # A new recommendation: append its entry with recommended=True (the last mark wins).
 )
 """Used when a scenario lists no policies: the baseline, three ``maxInactiveTime`` values with
-the ``lowpower`` strategy, and the ``idle`` strategy at the agent's default 10 min."""
+the ``lowpower`` strategy, the ``idle`` strategy at the agent's default 10 min, and the
+recommended policy (today the best static one on the default scenarios: lowpower-2m)."""
 
 
 # --- the workload a scenario implies (identical for every policy) -----------------------------
@@ -386,6 +418,7 @@ class Workload:
     jobs: tuple[JobSpec, ...]
     spare_nodes: int
     """Nodes no owner group holds (their GPUs start unallocated)."""
+    streams: tuple[StreamUse, ...] = ()
 
 
 def _pods(gpus: int, per_pod: int) -> tuple[int, ...]:
@@ -420,8 +453,9 @@ def build_workload(s: Scenario) -> Workload:
             slots.append(OwnerSlot(trace, group.name, node + j // per_node, (j % per_node) * group.gpus_per_owner))
         node += count
     jobs: list[JobSpec] = []
-    for key, streams in (("spotJobs", s.spot_jobs), ("reservedJobs", s.reserved_jobs)):
-        for i, stream in enumerate(streams):
+    streams: list[StreamUse] = []
+    for key, configured in (("spotJobs", s.spot_jobs), ("reservedJobs", s.reserved_jobs)):
+        for i, stream in enumerate(configured):
             max_gpus = min(stream.max_gpus or total_gpus, total_gpus)
             target = None if stream.load is None else stream.load * total_gpus * s.duration
             scale = None if stream.load is not None else 1.0 if stream.scale is None else stream.scale
@@ -433,8 +467,12 @@ def build_workload(s: Scenario) -> Workload:
             except WorkloadError as exc:
                 raise ConfigError(f"{_file(s)}{key}[{i}] ({stream.name}): {exc}") from None
             jobs.extend(_job_specs(stream, raw, stream.gpus_per_pod or gpn))
+            uses = Counter(j.origin for j in raw)
+            streams.append(
+                StreamUse(f"{key}[{i}]", stream.name, stream.load, len(raw), len(uses), max(uses.values(), default=0))
+            )
     jobs.sort(key=lambda j: (j.arrival, j.name))
-    return Workload(tuple(slots), tuple(jobs), s.cluster.nodes - node)
+    return Workload(tuple(slots), tuple(jobs), s.cluster.nodes - node, tuple(streams))
 
 
 def _file(s: Scenario) -> str:
@@ -462,52 +500,10 @@ def _job_specs(stream: JobStream, raw: list[TraceJob], per_pod: int) -> list[Job
     return out
 
 
-LATENCY_MODEL: Final = (
-    "sampled: each occurrence of a measured latency is drawn with the run's seeded generator from its table of "
-    "benchmark quantiles (linear between them, clamped outside); owner holds and start-up delays are model output"
-)
-
-
-def scenario_summary(s: Scenario, w: Workload) -> dict[str, object]:
-    """What the report says about the input (sizes, offered load)."""
-    gpus = s.cluster.nodes * s.cluster.gpus_per_node
-    owner_gpus = sum(o.trace.gpus for o in w.owners)
-    active = sum(o.trace.gpus * o.trace.active_seconds(s.duration) for o in w.owners)
-    spot = [j for j in w.jobs if j.spot]
-    reserved = [j for j in w.jobs if not j.spot]
-
-    def offered(jobs: list[JobSpec]) -> float:
-        return sum(j.gpus * max(0.0, min(j.duration, s.duration - j.arrival)) for j in jobs) / (gpus * s.duration)
-
-    return {
-        "name": s.name,
-        "description": s.description,
-        "seed": s.seed,
-        "simulated_hours": s.duration / 3600,
-        "nodes": s.cluster.nodes,
-        "gpus": gpus,
-        "owners": len(w.owners),
-        "owner_gpus": owner_gpus,
-        "unallocated_gpus": gpus - owner_gpus,
-        "owner_active_fraction": active / (owner_gpus * s.duration) if owner_gpus else 0.0,
-        "spot_jobs": len(spot),
-        "reserved_jobs": len(reserved),
-        "spot_offered_load": offered(spot),
-        "reserved_offered_load": offered(reserved),
-        "checkpoint_interval_s": s.checkpoint_interval,
-        "schedule_period_s": s.latencies.period(s.cluster.nodes),
-        "latency_model": LATENCY_MODEL,
-        "latencies": s.latencies.describe(),
-        "owner_groups": [
-            {"name": g.name, "source": g.source, "nodes": n, "gpus_per_owner": g.gpus_per_owner}
-            for g, n in zip(s.owners, s.group_nodes(), strict=True)
-        ],
-    }
-
-
 __all__ = [
     "DEFAULT_POLICIES",
     "DEFAULT_SCENARIO",
+    "EMBEDDED_SCENARIOS",
     "ClusterSpec",
     "JobSpec",
     "JobStream",
@@ -524,4 +520,5 @@ __all__ = [
     "load_scenario",
     "parse_scenario",
     "scenario_summary",
+    "scenario_argument",
 ]
