@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from spotgpu.core.config import ConfigError, camel
 from spotgpu.core.errors import ValidationError
 from spotgpu.core.registry import Registry
 from spotgpu.core.types import SpotPriority
@@ -147,6 +148,21 @@ class JobSource(Protocol):
 
 OWNER_SOURCES: Final[Registry[OwnerSource]] = Registry("owner source")
 JOB_SOURCES: Final[Registry[JobSource]] = Registry("job source")
+
+
+def check_work_week(config: Any, probabilities: Sequence[str] = ()) -> None:
+    """The rules of a work-week pattern's keys (``workdays``, ``firstWeekday``, ``arrive`` before
+    ``leave`` within a day, and the named probability fields); :class:`ConfigError` naming the key."""
+    if any(not 0 <= d <= 6 for d in config.workdays):
+        raise ConfigError(f"workdays: days are 0 (Monday) .. 6 (Sunday), got {list(config.workdays)}")
+    if not 0 <= config.first_weekday <= 6:
+        raise ConfigError(f"firstWeekday: must be 0 (Monday) .. 6 (Sunday), got {config.first_weekday}")
+    for name in probabilities:
+        value = getattr(config, name)
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"{camel(name)}: a probability must be within 0..1, got {value}")
+    if not config.arrive < config.leave <= 86400.0:
+        raise ConfigError(f"leave: must be after arrive and within a day ({config.arrive:g}s .. {config.leave:g}s)")
 
 
 def resolve_path(value: str, base_dir: Path) -> Path:
@@ -317,6 +333,7 @@ __all__ = [
     "OwnerTrace",
     "TraceJob",
     "WorkloadError",
+    "check_work_week",
     "csv_int",
     "csv_rows",
     "csv_seconds",

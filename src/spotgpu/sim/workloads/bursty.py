@@ -29,7 +29,7 @@ import random
 from typing import Final, Literal
 
 from spotgpu.core.config import ConfigError, Seconds, camel
-from spotgpu.sim.workloads.base import OWNER_SOURCES, OwnerRequest, OwnerTrace, merge_intervals
+from spotgpu.sim.workloads.base import OWNER_SOURCES, OwnerRequest, OwnerTrace, check_work_week, merge_intervals
 
 NAME: Final = "bursty"
 DAY: Final = 86400.0
@@ -72,15 +72,7 @@ class BurstyConfig:
             lo, hi = getattr(self, low), getattr(self, high)
             if not 0 < lo <= hi:
                 raise ConfigError(f"{camel(low)}: must be greater than zero and at most {camel(high)} ({hi:g}s)")
-        if any(not 0 <= d <= 6 for d in self.workdays):
-            raise ConfigError(f"workdays: days are 0 (Monday) .. 6 (Sunday), got {list(self.workdays)}")
-        if not 0 <= self.first_weekday <= 6:
-            raise ConfigError(f"firstWeekday: must be 0 (Monday) .. 6 (Sunday), got {self.first_weekday}")
-        if not self.arrive < self.leave <= DAY:
-            raise ConfigError(f"leave: must be after arrive and within a day ({self.arrive:g}s .. {self.leave:g}s)")
-        chance = self.long_break_probability
-        if not 0.0 <= chance <= 1.0:
-            raise ConfigError(f"longBreakProbability: a probability must be within 0..1, got {chance}")
+        check_work_week(self, ("long_break_probability",))
 
 
 def inference_intervals(config: BurstyConfig, rng: random.Random, horizon: float) -> list[tuple[float, float]]:
