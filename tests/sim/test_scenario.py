@@ -124,7 +124,7 @@ def _owner(**fields: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("owner", "message"),
     [
-        ({"source": "telepathy"}, r"^owners\[0\].source: 'telepathy' is not one of devmachine, helios, inline"),
+        ({"source": "telepathy"}, r"^owners\[0\].source: 'telepathy' is not one of bursty, devmachine, helios, inline"),
         ({"helios": {}}, r"^owners\[0\].helios: a section for source 'helios', but source is 'inline'"),
         ({"share": 0.5}, r"^owners\[0\]: give exactly one of 'nodes'"),
         ({"nodes": 3}, r"^owners: the groups need 3 nodes \(3\) but the cluster has 2 \(cluster.nodes\)"),

@@ -114,7 +114,7 @@ def test_helios_active_counts_wrap_around_the_end_of_the_series() -> None:
     [
         ("time,total_gpu_num\n2020-05-01 00:00:00,8\n", "missing column"),
         ("time,total_gpu_num,idle_gpu_num\n2020-05-01 00:00:00,8,9\n", ":2: need 0 <= idle_gpu_num"),
-        ("time,total_gpu_num,idle_gpu_num\n2020-05-01 00:00:00,8,x\n", ":2: invalid literal"),
+        ("time,total_gpu_num,idle_gpu_num\n2020-05-01 00:00:00,8,x\n", ":2: idle_gpu_num: 'x' is not an integer"),
         (
             "time,total_gpu_num,idle_gpu_num\n2020-05-01 00:01:00,8,1\n2020-05-01 00:00:00,8,1\n",
             ":3: times must be whole minutes in increasing order",

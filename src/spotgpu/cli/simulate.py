@@ -38,7 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "spot waiting and completion times, and what owners feel on return. Without arguments it runs the "
         "embedded default scenario (trace excerpts shipped with spotgpu)."
     )
-    parser.add_argument("--scenario", type=Path, help="scenario YAML file (default: the embedded default scenario)")
+    parser.add_argument(
+        "--scenario",
+        help="scenario YAML file, or the name of an embedded one: default (the default), bursty (owners that come "
+        "and go every few minutes)",
+    )
     parser.add_argument("--nodes", type=_positive_int, help="resize the cluster (groups given as shares scale)")
     parser.add_argument("--days", type=_positive_float, help="simulated days (overrides the scenario's duration)")
     parser.add_argument("--seed", type=int, help="override the scenario's seed")
@@ -62,11 +66,11 @@ def run(args: argparse.Namespace) -> int:
     from spotgpu.sim.progress import Progress
     from spotgpu.sim.report import summary_table, write_outputs
     from spotgpu.sim.runner import default_workers, select_policies, simulate
-    from spotgpu.sim.scenario import default_scenario, load_scenario
+    from spotgpu.sim.scenario import default_scenario, scenario_argument
     from spotgpu.sim.simulation import Hooks
 
     try:
-        scenario = load_scenario(args.scenario) if args.scenario else default_scenario()
+        scenario = scenario_argument(args.scenario) if args.scenario else default_scenario()
         scenario = scenario.resized(
             nodes=args.nodes, duration=None if args.days is None else args.days * 86400.0, seed=args.seed
         )
@@ -97,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     if progress is not None:
         progress.close()
     summary = result.summary()
+    for warning in summary["scenario"]["warnings"]:  # type: ignore[index]
+        print(f"spotgpu simulate: warning: {warning}", file=sys.stderr)
     if args.out is not None:
         written = write_outputs(result, args.out)
         print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)

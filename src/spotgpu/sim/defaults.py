@@ -12,28 +12,46 @@ Sources used:
   with unless configured otherwise).
 * The project's benchmarks, run on the 2-vCPU development machine (kernel 6.18, containerd
   1.6.20, runc 1.1.5, no GPU: stand-in devices), shared with other engineers' jobs, on
-  2026-11-30. Each figure names its command. The model is deterministic, so it takes the
-  **medians** (typical latencies); the p99 figures are given next to them for a pessimistic
-  scenario (set them under ``latencies:``). Latency jitter itself is not modelled: the spread of
-  the simulated owner holds comes from how many spot tasks each return must kill.
+  2026-11-30. Each figure names its command and result keys.
 * "assumption": no measurement yet; a deliberately plain figure, listed so that it can be
   replaced in one place.
 
-Cross-check (2026-11-30): for a return with 8 spot tasks the model's hold is
-``GUARD_SIGNAL_S + KILL_FIRST_TASK_S + 7 * KILL_EXTRA_TASK_S + GUARD_RELEASE_S`` = 0.16 + 23.4
-+ 2.74 = 26.3 ms; ``spotgpu node-e2e --spot-containers 8 --cycles 50`` (everything real but the
-GPU, a kubelet double, load average 2.9) measured ``return_hold_ms_p50`` 34.2 / ``_p99`` 82.9:
-its eviction there took 27.6 ms (p50; a fresh pod-resources read over gRPC and a busier machine
-than ``bench agent``'s 23.4 ms) and its notification path 3.9 ms (hold minus the agent's own
-``released_ms``) against 0.16 ms in ``bench guard``. The model is therefore about 8 ms (a
-quarter) optimistic against the end-to-end median.
+**Measured latencies are distributions.** Each is a :class:`Measured` table of ``(quantile,
+ms)`` rows, exactly the quantiles its benchmark reports (today p50 and p99), and its source
+(command and result keys). The simulation draws every occurrence from the table with the run's
+seeded generator (:class:`spotgpu.sim.latency.Latency`: linear between rows, the lowest row's
+value below it, the highest's above it: no tail beyond what was measured), so the spread of
+owner holds and start-up delays is model output, not only the number of tasks a return kills.
+To update from a new result file, replace the rows (e.g.
+``spotgpu.sim.latency.quantiles_from_result(json.load(f), "eviction_ms")`` reads
+``eviction_ms_p50``/``_p99`` or ``{"eviction_ms": {"p50": .., "p99": ..}}``), the source and
+MEASURED_ON.
+
+Cross-check (2026-11-30): for a return with 8 spot tasks the model's median hold is
+``guardSignal + killFirstTask + 7 * killExtraTask + guardRelease`` = 0.16 + 23.4 + 2.74 =
+26.3 ms (p99 rows: 1.94 + 40.3 + 2.95 = 45.2 ms); ``spotgpu node-e2e --spot-containers 8
+--cycles 50`` (everything real but the GPU, a kubelet double, load average 2.9) measured
+``return_hold_ms_p50`` 34.2 / ``_p99`` 82.9: its eviction there took 27.6 ms (p50; a fresh
+pod-resources read over gRPC and a busier machine than ``bench agent``'s 23.4 ms) and its
+notification path 3.9 ms (hold minus the agent's own ``released_ms``) against 0.16 ms in
+``bench guard``. The model is therefore about 8 ms (a quarter) optimistic against the
+end-to-end median, and about half the end-to-end p99.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, NamedTuple
 
 from spotgpu.core.config import AgentConfig, GuardConfig, Seconds
+
+
+class Measured(NamedTuple):
+    """A benchmark's quantiles of one latency: ``(quantile in 0..1, milliseconds)`` rows, by quantile."""
+
+    quantiles_ms: tuple[tuple[float, float], ...]
+    source: str
+    """The command and the result keys the rows come from (and the date)."""
+
 
 _AGENT: Final = AgentConfig()
 _GUARD: Final = GuardConfig()
@@ -52,39 +70,50 @@ MAX_INACTIVE_TIME_S: Final = Seconds(_AGENT.max_inactive_time)
 """Owner inactivity before lending. Source: ``AgentConfig.max_inactive_time`` (10 min)."""
 
 # --- return path (guard + eviction) -----------------------------------------------------------
-GUARD_SIGNAL_S: Final = Seconds(0.16e-3)
+GUARD_SIGNAL: Final = Measured(
+    ((0.50, 0.16), (0.99, 1.94)),
+    "spotgpu bench guard --json: details.owner_back_ms p50/p99, 2026-11-30",
+)
 """Owner's first GPU call -> the agent's owner-back handler runs (seccomp notification, guard,
-handler). Source: ``spotgpu bench guard --json``, ``details.owner_back_ms`` p50 0.16 ms (p99
-1.94 ms), 2026-11-30."""
+handler)."""
 
-KILL_FIRST_TASK_S: Final = Seconds(5.5e-3)
+KILL_FIRST_TASK: Final = Measured(
+    ((0.50, 5.5), (0.99, 15.6)),
+    "spotgpu bench agent --containers 1 --runs 40 --json: eviction_ms_p50 6.05/5.03 and _p99 16.9/14.2 "
+    "in two runs (their mean), 2026-11-30",
+)
 """The agent's eviction of one spot task: owner-back signal -> the task verified stopped
-(containerd Tasks/Kill SIGKILL + Wait, through gRPC). Source: ``spotgpu bench agent
---containers 1 --runs 40 --json``, ``eviction_ms_p50`` 6.05 and 5.03 ms in two runs (p99 16.9
-and 14.2 ms), 2026-11-30; their mean.
+(containerd Tasks/Kill SIGKILL + Wait, through gRPC).
 
-The kill model is ``KILL_FIRST_TASK_S + (n - 1) * KILL_EXTRA_TASK_S`` for ``n`` tasks (the
-agent issues the kills concurrently; each further task adds the containerd and shim work that
-serialises). The 8-container benchmark alone cannot separate the two terms, so the first task
-is the 1-container figure and the per-task step is fitted so that the model reproduces the
-8-container figure: p50 ``(23.4 - 5.5) / 7`` = 2.557 ms. A sweep on the same day (1, 2, 4, 8
-containers, 40 runs each, load average 3-5: p50 5.03, 5.81, 9.85, 18.69 ms) is linear, with a
-least-squares fit of 4.3 ms + 2.0 ms per further task. The same fit to the p99s gives 15.6 ms
-+ 3.53 ms per further task (8 containers: 40.3 ms): the pessimistic setting."""
+The kill model is ``killFirstTask + (n - 1) * killExtraTask`` for ``n`` tasks (the agent issues
+the kills concurrently; each further task adds the containerd and shim work that serialises),
+both terms read at the same quantile of one draw (a slow machine is slow for every task). The
+8-container benchmark alone cannot separate the two terms, so the first task is the
+1-container figure and the per-task step is fitted so that the model reproduces the
+8-container figure at each quantile: p50 ``(23.4 - 5.5) / 7`` = 2.557 ms, p99 ``(40.3 - 15.6)
+/ 7`` = 3.53 ms. A sweep on the same day (1, 2, 4, 8 containers, 40 runs each, load average
+3-5: p50 5.03, 5.81, 9.85, 18.69 ms) is linear, with a least-squares fit of 4.3 ms + 2.0 ms per
+further task."""
 
-KILL_EXTRA_TASK_S: Final = Seconds(2.557e-3)
-"""Each further spot task on the same owner's GPUs. Source: fitted so that
-``KILL_FIRST_TASK_S + 7 * KILL_EXTRA_TASK_S`` = 23.4 ms, ``eviction_ms_p50`` of ``spotgpu bench
-agent --containers 8 --json`` (p99 40.3 ms), 2026-11-30; see KILL_FIRST_TASK_S for the fit."""
+KILL_EXTRA_TASK: Final = Measured(
+    ((0.50, 2.557), (0.99, 3.53)),
+    "fitted: killFirstTask + 7 x killExtraTask = spotgpu bench agent --containers 8 --json eviction_ms_p50 23.4 "
+    "/ _p99 40.3, 2026-11-30",
+)
+"""Each further spot task on the same owner's GPUs (see KILL_FIRST_TASK for the fit)."""
 
-GUARD_RELEASE_S: Final = Seconds(2.74e-3)
-"""Every spot task stopped -> the owner's held call continues. Two parts, 2026-11-30: the agent's
-release step (forget the evicted users, disarm the guard, republish the device plugin's list):
-2.7 ms, ``spotgpu node-e2e --spot-containers 8 --cycles 50`` ``released_ms_p50`` 30.3 minus
-``eviction_ms_p50`` 27.6 (run A of docs/node-e2e.md, the run that takes ``released_ms`` at the
-disarm); and the guard letting the held call go: ``spotgpu bench guard --json``
-``details.release_after_eviction_ms`` p50 0.041 ms (``release_after_eviction_ms_p99``
-0.10-0.25 ms over runs)."""
+GUARD_RELEASE: Final = Measured(
+    ((0.50, 2.74), (0.99, 2.95)),
+    "spotgpu node-e2e --spot-containers 8 --cycles 50 released_ms_p50 30.3 - eviction_ms_p50 27.6 (agent's "
+    "release step, run A) + spotgpu bench guard --json details.release_after_eviction_ms p50 0.041 / "
+    "release_after_eviction_ms_p99 0.25 (largest of the runs), 2026-11-30; the agent's step p99 not measured",
+)
+"""Every spot task stopped -> the owner's held call continues. Two parts: the agent's release
+step (forget the evicted users, disarm the guard, republish the device plugin's list), 2.7 ms
+at the median, taken from run A of docs/node-e2e.md (the run that takes ``released_ms`` at the
+disarm); and the guard letting the held call go, p50 0.041 ms, p99 0.10-0.25 ms over runs. The
+p99 row is the agent's median plus the guard's largest p99 (assumption: the agent's release
+step has no p99 of its own; a difference of two p99s is no p99)."""
 
 FAIL_OPEN_TIMEOUT_S: Final = Seconds(_GUARD.fail_open_timeout)
 """A held owner call is released after this long whatever happens. Source:
@@ -108,22 +137,28 @@ def schedule_period(nodes: int) -> float:
     return max(float(SCHEDULE_PERIOD_S), SCHEDULE_PERIOD_S * nodes / SCHEDULE_PERIOD_NODES)
 
 
-SPOT_START_S: Final = Seconds(0.116)
-"""Bind -> spot containers running, the image already on the node. Source: ``spotgpu node-e2e
---spot-containers 8 --cycles 50`` ``spot_start_ms_p50`` 115.6 ms (p99 180.1 ms), 2026-11-30:
-the device plugin's Allocate of a twin, the pod-resources grant and ``ctr run -d`` through
-spotgpu-runtime with the device sync until the task started. ``spotgpu bench runtime --runs 20
---nice -10 --json`` agrees: plain ``ctr run --rm`` 102.5 ms median plus 18.1 ms for a create
-with device sync. Not included (assumption: 0): the kubelet's pod admission and sandbox, and
-image pulls; add your image's start-up time."""
+SPOT_START: Final = Measured(
+    ((0.50, 115.6), (0.99, 180.1)),
+    "spotgpu node-e2e --spot-containers 8 --cycles 50 spot_start_ms_p50/_p99 (run A), 2026-11-30",
+)
+"""Bind -> spot containers running, the image already on the node: the device plugin's Allocate
+of a twin, the pod-resources grant and ``ctr run -d`` through spotgpu-runtime with the device
+sync until the task started. ``spotgpu bench runtime --runs 20 --nice -10 --json`` agrees:
+plain ``ctr run --rm`` 102.5 ms median plus 18.1 ms for a create with device sync. Not included
+(assumption: 0): the kubelet's pod admission and sandbox, and image pulls; add your image's
+start-up time."""
 
-RESERVED_START_S: Final = Seconds(0.106)
-"""Bind -> reserved containers running, the image already on the node. Source: ``spotgpu bench
-runtime --runs 20 --nice -10 --json``, 2026-11-30: plain ``ctr run --rm`` 102.5 ms median
-(measured), plus spotgpu-runtime's share for a GPU owner, which no benchmark times separately.
-Assumption for that share: the pass-through's 3.1 ms (``passthrough_added_ms``); an owner's
-``create`` goes through the Python wrapper for the guard rule, so it may cost up to about the
-device-sync create's 18.1 ms (121 ms in all). Not included, as for SPOT_START_S: kubelet,
+RESERVED_START: Final = Measured(
+    ((0.50, 105.6),),
+    "spotgpu bench runtime --runs 20 --nice -10 --json: plain_ms_median 102.5 + passthrough_added_ms 3.1, "
+    "2026-11-30 (a median only: constant)",
+)
+"""Bind -> reserved containers running, the image already on the node: plain ``ctr run --rm``
+102.5 ms median (measured), plus spotgpu-runtime's share for a GPU owner, which no benchmark
+times separately. Assumption for that share: the pass-through's 3.1 ms; an owner's ``create``
+goes through the Python wrapper for the guard rule, so it may cost up to about the device-sync
+create's 18.1 ms (121 ms in all). The benchmark reports a median and an IQR width (18.6 ms),
+no quantiles, so this latency stays a constant. Not included, as for SPOT_START: kubelet,
 sandbox, image pull."""
 
 GANG_TEARDOWN_S: Final = Seconds(1.0)
@@ -157,18 +192,19 @@ __all__ = [
     "DETECT_INTERVAL_S",
     "FAIL_OPEN_TIMEOUT_S",
     "GANG_TEARDOWN_S",
-    "GUARD_RELEASE_S",
-    "GUARD_SIGNAL_S",
-    "KILL_EXTRA_TASK_S",
-    "KILL_FIRST_TASK_S",
+    "GUARD_RELEASE",
+    "GUARD_SIGNAL",
+    "KILL_EXTRA_TASK",
+    "KILL_FIRST_TASK",
     "MAX_INACTIVE_TIME_S",
     "MEASURED_ON",
+    "Measured",
     "REQUEUE_DELAY_S",
-    "RESERVED_START_S",
+    "RESERVED_START",
     "SAMPLE_INTERVAL_S",
     "SCHEDULE_PERIOD_NODES",
     "SCHEDULE_PERIOD_S",
     "SHADOW_RELEASE_S",
-    "SPOT_START_S",
+    "SPOT_START",
     "schedule_period",
 ]

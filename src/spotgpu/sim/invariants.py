@@ -102,13 +102,14 @@ class InvariantChecker:
     def return_bound(self, owner: OwnerSim, detect_delay: float, guard: bool) -> float:
         """Longest time spot work may stay on ``owner``'s GPUs after it comes back.
 
-        Every task that is or may get there (the current users, plus one per GPU for binds in
-        the instant before the twins turn Unhealthy) is counted in the kill time.
+        ``detect_delay`` is the time until the agent acts (the drawn guard signal, or the wait
+        for the next poll). Every task that is or may get there (the current users, plus one
+        per GPU for binds in the instant before the twins turn Unhealthy) is counted in the
+        kill time, at the largest value the latency tables can draw.
         """
         lat = self.latencies
         tasks = len({u.ref for g in owner.gpus for u in g.users}) + len(owner.gpus)
-        first = lat.guard_signal if guard else detect_delay
-        return first + lat.kill(tasks) + (lat.guard_release if guard else 0.0)
+        return detect_delay + lat.kill_upper(tasks) + (lat.guard_release.upper if guard else 0.0)
 
     def owner_deadline(self, now: float, owner: OwnerSim, since: float) -> None:
         """Called at the bound: an owner still active must not share its GPUs with spot work."""

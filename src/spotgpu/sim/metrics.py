@@ -6,7 +6,13 @@ GPU-time per :class:`~spotgpu.sim.model.Category` between events. :func:`summari
 into the per-policy JSON entry (keys documented in docs/simulator.md).
 
 Percentiles use linear interpolation between closest ranks (numpy's default); an empty sample
-gives 0.0 and the matching ``*_count`` says so.
+gives 0.0.
+
+Waiting times (``spot_wait_s_*``, ``reserved_wait_s_*``) are over every submitted job: a job
+not started by the end of the run is *censored* there (its wait counts as end - submit, a
+lower bound of its true wait), and ``*_wait_censored`` says how many were. Counting started
+jobs only (``*_wait_started_s_*``, also given) would make a policy that starts more of the
+queue look worse.
 """
 
 from __future__ import annotations
@@ -50,8 +56,12 @@ class Metrics:
     wasted_spot_gpu_s: float = 0.0
     checkpointed_spot_gpu_s: float = 0.0
     spot_waits: list[float] = field(default_factory=list)
+    """Arrival to first start, of started spot jobs."""
+    spot_waits_censored: list[float] = field(default_factory=list)
+    """Arrival to the end of the run, of spot jobs never started."""
     spot_jcts: list[float] = field(default_factory=list)
     reserved_waits: list[float] = field(default_factory=list)
+    reserved_waits_censored: list[float] = field(default_factory=list)
     reserved_jcts: list[float] = field(default_factory=list)
     holds_ms: list[float] = field(default_factory=list)
     exposures_ms: list[float] = field(default_factory=list)
@@ -88,6 +98,10 @@ class Metrics:
     def sample(self, now: float) -> None:
         self.samples.append((now, tuple(self.counts)))
 
+    def censor(self, spot: bool, waited: float) -> None:
+        """A job never started: its wait so far, censored at the end of the run."""
+        (self.spot_waits_censored if spot else self.reserved_waits_censored).append(waited)
+
     def eviction(self, reason: EvictionReason, pods: int) -> None:
         self.evictions[reason.value] += 1
         self.evicted_pods[reason.value] += pods
@@ -95,6 +109,17 @@ class Metrics:
 
 def _h(seconds: float) -> float:
     return round(seconds / HOUR, 6)
+
+
+def _waits(kind: str, started: list[float], censored: list[float]) -> dict[str, object]:
+    every = started + censored
+    return {
+        f"{kind}_wait_s_p50": round(percentile(every, 50), 3),
+        f"{kind}_wait_s_p99": round(percentile(every, 99), 3),
+        f"{kind}_wait_censored": len(censored),
+        f"{kind}_wait_started_s_p50": round(percentile(started, 50), 3),
+        f"{kind}_wait_started_s_p99": round(percentile(started, 99), 3),
+    }
 
 
 def summarize(m: Metrics, horizon: float) -> dict[str, object]:
@@ -123,12 +148,10 @@ def summarize(m: Metrics, horizon: float) -> dict[str, object]:
         "owner_hold_ms_max": round(max(m.holds_ms, default=0.0), 4),
         "owner_exposed_ms_max": round(max(m.exposures_ms, default=0.0), 4),
         "owner_exposures": len(m.exposures_ms),
-        "spot_wait_s_p50": round(percentile(m.spot_waits, 50), 3),
-        "spot_wait_s_p99": round(percentile(m.spot_waits, 99), 3),
+        **_waits("spot", m.spot_waits, m.spot_waits_censored),
         "spot_jct_s_p50": round(percentile(m.spot_jcts, 50), 3),
         "spot_jct_s_p99": round(percentile(m.spot_jcts, 99), 3),
-        "reserved_wait_s_p50": round(percentile(m.reserved_waits, 50), 3),
-        "reserved_wait_s_p99": round(percentile(m.reserved_waits, 99), 3),
+        **_waits("reserved", m.reserved_waits, m.reserved_waits_censored),
         "gpu_allocation_rate": round(allocated / total, 6) if total else 0.0,
         "gpu_busy_rate": round(busy / total, 6) if total else 0.0,
         "gpu_hours_by_category": {name: _h(secs[i]) for i, name in enumerate(CATEGORY_NAMES)},

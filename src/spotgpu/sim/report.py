@@ -33,8 +33,10 @@ COLUMNS: Final = (
     ("reclaimed GPU-h", "reclaimed_gpu_hours", "{:.1f}"),
     ("spot GPU-h", "spot_gpu_hours", "{:.1f}"),
     ("wasted GPU-h", "wasted_spot_gpu_hours", "{:.1f}"),
+    ("wasted/spot", "wasted_spot_percent", "{:.1f}%"),
     ("evictions", "evictions_total", "{}"),
     ("spot done", "spot_jobs_completed", "{}"),
+    ("vs base", "spot_jobs_completed_vs_baseline", "{:+d}"),
     ("wait p50 s", "spot_wait_s_p50", "{:.0f}"),
     ("wait p99 s", "spot_wait_s_p99", "{:.0f}"),
     ("JCT p50 h", "spot_jct_s_p50", "{:.2f}"),
@@ -55,6 +57,9 @@ CATEGORY_COLORS: Final = {
 }
 
 
+RECOMMENDED_MARK: Final = " *"
+
+
 def _cell(fmt: str, value: object, key: str) -> str:
     if key == "spot_jct_s_p50" and isinstance(value, int | float):
         value = value / 3600
@@ -66,11 +71,42 @@ def _cell(fmt: str, value: object, key: str) -> str:
         return str(value)
 
 
+def _row(entry: dict[str, Any]) -> list[str]:
+    cells = [_cell(fmt, entry.get(key), key) for _, key, fmt in COLUMNS]
+    if entry.get("recommended"):
+        cells[0] += RECOMMENDED_MARK
+    return cells
+
+
+def notes(summary: dict[str, Any]) -> list[str]:
+    """The lines under the table: the recommendation, censoring, the latency model, warnings."""
+    policies = summary["policies"]
+    out = []
+    if any(p.get("recommended") for p in policies):
+        out.append("* recommended policy")
+    base = summary.get("baseline_policy")
+    out.append(
+        "wasted/spot: wasted spot GPU-hours / all spot GPU-hours; vs base: spot jobs completed minus "
+        + (f"{base}'s" if base else "a baseline's (none in this run)")
+    )
+    censored = ", ".join(f"{p['name']} {p.get('spot_wait_censored', 0)}" for p in policies)
+    out.append(
+        f"spot waits: over all {summary['scenario']['spot_jobs']} submitted spot jobs; those never started are "
+        f"censored at the end (wait = end - submit): {censored}"
+    )
+    out.append(
+        "latencies: drawn per event from seeded distributions over the benchmarks' quantiles "
+        "(spotgpu/sim/defaults.py; summary scenario.latencies), so owner holds are model output"
+    )
+    out.extend(f"warning: {w}" for w in summary["scenario"].get("warnings", ()))
+    return out
+
+
 def summary_table(summary: dict[str, Any]) -> str:
     """A plain-text table of the policies, with the scenario in one line above it."""
     rows = [[title for title, _, _ in COLUMNS]]
     for entry in summary["policies"]:
-        rows.append([_cell(fmt, entry.get(key), key) for _, key, fmt in COLUMNS])
+        rows.append(_row(entry))
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
     lines = []
     sc = summary["scenario"]
@@ -90,6 +126,7 @@ def summary_table(summary: dict[str, Any]) -> str:
         f"{e['name']}: {', '.join(f'{r} {n}' for r, n in e['evictions'].items()) or 'none'}"
         for e in summary["policies"]
     )
+    lines.extend(notes(summary))
     lines.append(f"evictions by reason: {evictions}")
     lines.append(f"wall time {summary['wall_seconds']:.1f} s")
     return "\n".join(lines)
@@ -181,10 +218,12 @@ def write_plots(runs: Sequence[PolicyRun], horizon: float, out: Path) -> list[Pa
     # 4. Spot wait and JCT CDFs.
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     for i, run in enumerate(runs):
-        _cdf(ax1, [w / 60 for w in run.metrics.spot_waits], run.policy.name, f"C{i}")
+        waits = run.metrics.spot_waits + run.metrics.spot_waits_censored
+        label = f"{run.policy.name}, {len(run.metrics.spot_waits_censored)} censored"
+        _cdf(ax1, [w / 60 for w in waits], label, f"C{i}")
         _cdf(ax2, [j / 3600 for j in run.metrics.spot_jcts], run.policy.name, f"C{i}")
     ax1.set_xscale("symlog", linthresh=1.0)
-    ax1.set_xlabel("spot queueing delay (minutes, log above 1)")
+    ax1.set_xlabel("spot queueing delay, unstarted jobs censored at the end (minutes, log above 1)")
     ax2.set_xlabel("spot job completion time (hours)")
     for ax in (ax1, ax2):
         ax.set_ylabel("fraction of jobs")
@@ -235,9 +274,7 @@ def render_html(summary: dict[str, Any]) -> str:
     head = [title for title, _, _ in COLUMNS]
     body = []
     for entry in summary["policies"]:
-        body.append(
-            "<tr>" + "".join(f"<td>{e(_cell(fmt, entry.get(key), key))}</td>" for _, key, fmt in COLUMNS) + "</tr>"
-        )
+        body.append("<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in _row(entry)) + "</tr>")
     detail_keys = (
         [k for k in summary["policies"][0] if k not in {"gpu_hours_by_category", "evictions"}]
         if summary["policies"]
@@ -275,6 +312,7 @@ active {sc["owner_active_fraction"]:.0%} of the time; {sc["unallocated_gpus"]} u
 checkpoint interval {sc["checkpoint_interval_s"]:g} s. Wall time {summary["wall_seconds"]:.1f} s.</p>
 <h2>Policies</h2>
 <table><tr>{"".join(f"<th>{e(h)}</th>" for h in head)}</tr>{"".join(body)}</table>
+<ul>{"".join(f"<li>{e(line)}</li>" for line in notes(summary))}</ul>
 <h2>Plots</h2>
 {plots}
 <h2>All figures</h2>
@@ -285,4 +323,4 @@ checkpoint interval {sc["checkpoint_interval_s"]:g} s. Wall time {summary["wall_
 """
 
 
-__all__ = ["PLOTS", "render_html", "summary_table", "write_outputs", "write_plots"]
+__all__ = ["PLOTS", "RECOMMENDED_MARK", "notes", "render_html", "summary_table", "write_outputs", "write_plots"]

@@ -20,6 +20,7 @@ from typing import Any, Final
 from spotgpu import __version__
 from spotgpu.core.config import ConfigError
 from spotgpu.core.types import NodeStrategy
+from spotgpu.sim.inputs import LATENCY_MODEL
 from spotgpu.sim.scenario import PolicySpec, Scenario, Workload, build_workload, scenario_summary
 from spotgpu.sim.simulation import Hooks, PolicyRun, run_policy
 
@@ -57,10 +58,13 @@ class SimulationResult:
 
     def summary(self) -> dict[str, object]:
         """The JSON document of ``--json`` and ``summary.json``."""
+        baseline = next((run for run in self.runs if not run.policy.lending), None)
         return {
             "spotgpu_version": __version__,
             "scenario": self.workload,
-            "policies": [run.summary for run in self.runs],
+            "baseline_policy": baseline.policy.name if baseline is not None else None,
+            "policies": [policy_entry(run, baseline) for run in self.runs],
+            "notes": list(NOTES),
             "wall_seconds": round(self.wall_seconds, 3),
             "profile": {
                 "workload_build_s": round(self.build_seconds, 3),
@@ -71,6 +75,34 @@ class SimulationResult:
             },
             "attribution": list(ATTRIBUTION),
         }
+
+
+NOTES: Final = (
+    "spot_wait_s_* and reserved_wait_s_* are over every submitted job: a job not started by the end of the run is "
+    "censored there (its wait counts as end - submit, a lower bound), *_wait_censored says how many; "
+    "*_wait_started_s_* count started jobs only",
+    "latencies: " + LATENCY_MODEL + " (scenario.latencies lists the tables and their sources)",
+    "spot_jobs_completed_vs_baseline: spot jobs completed minus the baseline policy's (the first without lending); "
+    "wasted_spot_percent: wasted spot GPU-hours / all spot GPU-hours",
+)
+"""What the summary's figures mean where a reader could mistake them (repeated in the report)."""
+
+
+def policy_entry(run: PolicyRun, baseline: PolicyRun | None) -> dict[str, object]:
+    """A policy's summary entry: its run's figures, whether it is recommended, and how it compares."""
+    figures = run.summary
+    spot = float(figures["spot_gpu_hours"])  # type: ignore[arg-type]
+    wasted = float(figures["wasted_spot_gpu_hours"])  # type: ignore[arg-type]
+    delta = None
+    if baseline is not None:
+        delta = int(figures["spot_jobs_completed"]) - int(baseline.summary["spot_jobs_completed"])  # type: ignore[call-overload]
+    return {
+        "name": figures["name"],
+        "recommended": run.policy.recommended,
+        **figures,
+        "spot_jobs_completed_vs_baseline": delta,
+        "wasted_spot_percent": round(100.0 * wasted / spot, 3) if spot > 0 else 0.0,
+    }
 
 
 def select_policies(scenario: Scenario, names: Sequence[str] | None) -> tuple[PolicySpec, ...]:
@@ -182,4 +214,4 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
-__all__ = ["ATTRIBUTION", "SimulationResult", "default_workers", "select_policies", "simulate"]
+__all__ = ["ATTRIBUTION", "NOTES", "SimulationResult", "default_workers", "policy_entry", "select_policies", "simulate"]

@@ -16,6 +16,7 @@ needs no change here.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -24,10 +25,14 @@ from spotgpu.core.config import ConfigError, Seconds, from_mapping, read_yaml
 from spotgpu.core.types import NodeStrategy, SpotPriority
 from spotgpu.scheduler.config import SchedulerConfig
 from spotgpu.sim import defaults
+from spotgpu.sim.inputs import StreamUse, scenario_summary
+from spotgpu.sim.latency import Latencies
 from spotgpu.sim.workloads import JOB_SOURCES, OWNER_SOURCES, JobRequest, OwnerRequest, OwnerTrace, PriorityRule
 from spotgpu.sim.workloads.base import TraceJob, WorkloadError
 
 DEFAULT_SCENARIO: Final = Path(__file__).resolve().parent / "data" / "default.yaml"
+EMBEDDED_SCENARIOS: Final = {"default": DEFAULT_SCENARIO, "bursty": DEFAULT_SCENARIO.with_name("bursty.yaml")}
+"""Scenarios shipped with spotgpu, by the name ``spotgpu simulate --scenario NAME`` takes."""
 DAY: Final = 86400.0
 _ONE_DAY: Final = Seconds(DAY)
 _NEVER: Final = Seconds(0.0)
@@ -55,41 +60,6 @@ class ClusterSpec:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Latencies:
-    """Node and control-plane latencies; defaults and their sources in :mod:`spotgpu.sim.defaults`."""
-
-    detect_interval: Seconds = defaults.DETECT_INTERVAL_S
-    guard_signal: Seconds = defaults.GUARD_SIGNAL_S
-    kill_first_task: Seconds = defaults.KILL_FIRST_TASK_S
-    kill_extra_task: Seconds = defaults.KILL_EXTRA_TASK_S
-    guard_release: Seconds = defaults.GUARD_RELEASE_S
-    fail_open_timeout: Seconds = defaults.FAIL_OPEN_TIMEOUT_S
-    schedule_period: Seconds | None = None
-    """None: automatic, :func:`spotgpu.sim.defaults.schedule_period` of the cluster size."""
-    spot_start: Seconds = defaults.SPOT_START_S
-    reserved_start: Seconds = defaults.RESERVED_START_S
-    gang_teardown: Seconds = defaults.GANG_TEARDOWN_S
-    requeue_delay: Seconds = defaults.REQUEUE_DELAY_S
-    shadow_release: Seconds = defaults.SHADOW_RELEASE_S
-
-    def __post_init__(self) -> None:
-        if self.detect_interval <= 0:
-            raise ConfigError("detectInterval: must be greater than zero")
-        if self.schedule_period is not None and self.schedule_period <= 0:
-            raise ConfigError("schedulePeriod: must be greater than zero")
-        if self.fail_open_timeout <= 0:
-            raise ConfigError("failOpenTimeout: must be greater than zero")
-
-    def period(self, nodes: int) -> float:
-        """The scheduling period for a cluster of ``nodes`` nodes."""
-        return self.schedule_period if self.schedule_period is not None else defaults.schedule_period(nodes)
-
-    def kill(self, tasks: int) -> float:
-        """Time to kill ``tasks`` spot tasks of one owner's GPUs through containerd (0 when none)."""
-        return 0.0 if tasks <= 0 else self.kill_first_task + (tasks - 1) * self.kill_extra_task
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class PolicySpec:
     """One policy to simulate. ``lending: false`` is the baseline: spot work only on unallocated
     GPUs (through ShadowPods); allocated GPUs are never lent, whatever their owner does."""
@@ -100,6 +70,8 @@ class PolicySpec:
     strategy: NodeStrategy = NodeStrategy.LOWPOWER
     guard: bool = True
     """Return detection by the guard (event); false: by the detector's polling only."""
+    recommended: bool = False
+    """The policy the project recommends (at most one per scenario); marked in the report."""
 
     def __post_init__(self) -> None:
         _check_name("name", self.name)
@@ -183,6 +155,8 @@ class Scenario:
     sample_interval: float = defaults.SAMPLE_INTERVAL_S
     description: str = ""
     base_dir: Path = Path(".")
+    path: Path | None = None
+    """The scenario file it was read from (None: built in code); trace errors name it."""
 
     def group_nodes(self) -> list[int]:
         """Nodes of each owner group, in order (shares of the current node count, rounded)."""
@@ -325,6 +299,9 @@ def parse_scenario(data: object, base_dir: Path = Path(".")) -> Scenario:
     pnames = [p.name for p in policies]
     if len(set(pnames)) != len(pnames):
         raise ConfigError(f"policies: names must be unique, got {pnames}")
+    marked = [p.name for p in policies if p.recommended]
+    if len(marked) > 1:
+        raise ConfigError(f"policies: at most one policy may be recommended, got {marked}")
     if top.checkpoint_interval < 0:
         raise ConfigError("checkpointInterval: must not be negative")
     if top.sample_interval <= 0:
@@ -353,7 +330,7 @@ def load_scenario(path: Path) -> Scenario:
     """Read and validate a scenario YAML file (errors name the file and the key)."""
     data = read_yaml(path, "scenario")
     try:
-        return parse_scenario(data, path.resolve().parent)
+        return dataclasses.replace(parse_scenario(data, path.resolve().parent), path=path)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
 
@@ -363,15 +340,38 @@ def default_scenario() -> Scenario:
     return load_scenario(DEFAULT_SCENARIO)
 
 
-DEFAULT_POLICIES: Final = (
+def scenario_argument(text: str) -> Scenario:
+    """``--scenario``: an embedded scenario's name (no ``/`` and no ``.``) or a YAML file's path."""
+    if "/" in text or "." in text:
+        return load_scenario(Path(text))
+    path = EMBEDDED_SCENARIOS.get(text)
+    if path is None:
+        raise ConfigError(
+            f"--scenario: {text!r} is not an embedded scenario ({', '.join(EMBEDDED_SCENARIOS)}); a file path has"
+            " a '/' or a suffix (./my-scenario.yaml)"
+        )
+    return load_scenario(path)
+
+
+def _policy_set(*entries: PolicySpec) -> tuple[PolicySpec, ...]:
+    """A policy set in order, recommending the *last* entry marked ``recommended`` (earlier marks
+    are dropped): a newer recommendation is one entry appended, nothing else changes."""
+    marked = [i for i, p in enumerate(entries) if p.recommended]
+    pick = marked[-1] if marked else -1
+    return tuple(dataclasses.replace(p, recommended=i == pick) for i, p in enumerate(entries))
+
+
+DEFAULT_POLICIES: Final = _policy_set(
     PolicySpec("baseline", lending=False, strategy=NodeStrategy.IDLE),
-    PolicySpec("lowpower-2m", max_inactive_time=Seconds(120.0)),
+    PolicySpec("lowpower-2m", max_inactive_time=Seconds(120.0), recommended=True),
     PolicySpec("lowpower-10m", max_inactive_time=Seconds(600.0)),
     PolicySpec("lowpower-30m", max_inactive_time=Seconds(1800.0)),
     PolicySpec("idle-10m", max_inactive_time=Seconds(600.0), strategy=NodeStrategy.IDLE),
+    # A new recommendation: append its entry with recommended=True (the last mark wins).
 )
 """Used when a scenario lists no policies: the baseline, three ``maxInactiveTime`` values with
-the ``lowpower`` strategy, and the ``idle`` strategy at the agent's default 10 min."""
+the ``lowpower`` strategy, the ``idle`` strategy at the agent's default 10 min, and the
+recommended policy (today the best static one on the default scenarios: lowpower-2m)."""
 
 
 # --- the workload a scenario implies (identical for every policy) -----------------------------
@@ -418,6 +418,7 @@ class Workload:
     jobs: tuple[JobSpec, ...]
     spare_nodes: int
     """Nodes no owner group holds (their GPUs start unallocated)."""
+    streams: tuple[StreamUse, ...] = ()
 
 
 def _pods(gpus: int, per_pod: int) -> tuple[int, ...]:
@@ -430,7 +431,8 @@ def build_workload(s: Scenario) -> Workload:
 
     Owner groups take consecutive nodes in order; the remaining nodes are unallocated. Job
     names are ``<stream>-<n>`` in arrival order. Raises :class:`ConfigError` naming the group or
-    stream whose source failed.
+    stream whose source failed (and the scenario file, when it came from one: ``s.yaml:
+    spotJobs[0] (itp): trace.csv:7: duration: 'x' is not a number of seconds``).
     """
     gpn = s.cluster.gpus_per_node
     total_gpus = s.cluster.nodes * gpn
@@ -442,15 +444,18 @@ def build_workload(s: Scenario) -> Workload:
         try:
             traces = OWNER_SOURCES.get(group.source).build(group.config, request)
         except WorkloadError as exc:
-            raise ConfigError(f"owners[{i}] ({group.name}): {exc}") from None
+            raise ConfigError(f"{_file(s)}owners[{i}] ({group.name}): {exc}") from None
         if len(traces) != request.count:
-            raise ConfigError(f"owners[{i}] ({group.name}): source gave {len(traces)} owners, {request.count} needed")
+            raise ConfigError(
+                f"{_file(s)}owners[{i}] ({group.name}): source gave {len(traces)} owners, {request.count} needed"
+            )
         for j, trace in enumerate(traces):
             slots.append(OwnerSlot(trace, group.name, node + j // per_node, (j % per_node) * group.gpus_per_owner))
         node += count
     jobs: list[JobSpec] = []
-    for key, streams in (("spotJobs", s.spot_jobs), ("reservedJobs", s.reserved_jobs)):
-        for i, stream in enumerate(streams):
+    streams: list[StreamUse] = []
+    for key, configured in (("spotJobs", s.spot_jobs), ("reservedJobs", s.reserved_jobs)):
+        for i, stream in enumerate(configured):
             max_gpus = min(stream.max_gpus or total_gpus, total_gpus)
             target = None if stream.load is None else stream.load * total_gpus * s.duration
             scale = None if stream.load is not None else 1.0 if stream.scale is None else stream.scale
@@ -460,10 +465,18 @@ def build_workload(s: Scenario) -> Workload:
             try:
                 raw = JOB_SOURCES.get(stream.source).build(stream.config, job_request)
             except WorkloadError as exc:
-                raise ConfigError(f"{key}[{i}] ({stream.name}): {exc}") from None
+                raise ConfigError(f"{_file(s)}{key}[{i}] ({stream.name}): {exc}") from None
             jobs.extend(_job_specs(stream, raw, stream.gpus_per_pod or gpn))
+            uses = Counter(j.origin for j in raw)
+            streams.append(
+                StreamUse(f"{key}[{i}]", stream.name, stream.load, len(raw), len(uses), max(uses.values(), default=0))
+            )
     jobs.sort(key=lambda j: (j.arrival, j.name))
-    return Workload(tuple(slots), tuple(jobs), s.cluster.nodes - node)
+    return Workload(tuple(slots), tuple(jobs), s.cluster.nodes - node, tuple(streams))
+
+
+def _file(s: Scenario) -> str:
+    return f"{s.path}: " if s.path is not None else ""
 
 
 def _job_specs(stream: JobStream, raw: list[TraceJob], per_pod: int) -> list[JobSpec]:
@@ -487,44 +500,10 @@ def _job_specs(stream: JobStream, raw: list[TraceJob], per_pod: int) -> list[Job
     return out
 
 
-def scenario_summary(s: Scenario, w: Workload) -> dict[str, object]:
-    """What the report says about the input (sizes, offered load)."""
-    gpus = s.cluster.nodes * s.cluster.gpus_per_node
-    owner_gpus = sum(o.trace.gpus for o in w.owners)
-    active = sum(o.trace.gpus * o.trace.active_seconds(s.duration) for o in w.owners)
-    spot = [j for j in w.jobs if j.spot]
-    reserved = [j for j in w.jobs if not j.spot]
-
-    def offered(jobs: list[JobSpec]) -> float:
-        return sum(j.gpus * max(0.0, min(j.duration, s.duration - j.arrival)) for j in jobs) / (gpus * s.duration)
-
-    return {
-        "name": s.name,
-        "description": s.description,
-        "seed": s.seed,
-        "simulated_hours": s.duration / 3600,
-        "nodes": s.cluster.nodes,
-        "gpus": gpus,
-        "owners": len(w.owners),
-        "owner_gpus": owner_gpus,
-        "unallocated_gpus": gpus - owner_gpus,
-        "owner_active_fraction": active / (owner_gpus * s.duration) if owner_gpus else 0.0,
-        "spot_jobs": len(spot),
-        "reserved_jobs": len(reserved),
-        "spot_offered_load": offered(spot),
-        "reserved_offered_load": offered(reserved),
-        "checkpoint_interval_s": s.checkpoint_interval,
-        "schedule_period_s": s.latencies.period(s.cluster.nodes),
-        "owner_groups": [
-            {"name": g.name, "source": g.source, "nodes": n, "gpus_per_owner": g.gpus_per_owner}
-            for g, n in zip(s.owners, s.group_nodes(), strict=True)
-        ],
-    }
-
-
 __all__ = [
     "DEFAULT_POLICIES",
     "DEFAULT_SCENARIO",
+    "EMBEDDED_SCENARIOS",
     "ClusterSpec",
     "JobSpec",
     "JobStream",
@@ -541,4 +520,5 @@ __all__ = [
     "load_scenario",
     "parse_scenario",
     "scenario_summary",
+    "scenario_argument",
 ]

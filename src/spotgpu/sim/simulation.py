@@ -248,6 +248,8 @@ class Simulation:
         self.policy = policy
         self.hooks = hooks or Hooks()
         self.lat = scenario.latencies
+        self.rng = random.Random(f"{scenario.seed}:latencies")
+        """Draws of the measured latencies (one stream per run, in event order)."""
         self.horizon = scenario.duration
         self.lending = policy.lending
         self.period = self.lat.period(scenario.cluster.nodes)
@@ -372,6 +374,8 @@ class Simulation:
         for job in self.jobs:
             if job.phase is JobPhase.RUNNING and job.spot and job.started_at is not None:
                 self.metrics.useful_spot_gpu_s += (now - job.started_at) * job.spec.gpus
+            if job.first_start is None and job.arrival <= now:
+                self.metrics.censor(job.spot, now - job.arrival)
         self._refresh_nodes()
         self.checker.audit(now, self.nodes, self.pods.values())
         self.metrics.sample(now)
@@ -449,8 +453,8 @@ class Simulation:
         owner.hold_start = now
         delay: float
         if self.policy.guard:
-            self.engine.at(now + self.lat.guard_signal, GuardSignal(owner.index), Priority.AGENT)
-            delay = self.lat.guard_signal
+            delay = self.lat.guard_signal.sample(self.rng)
+            self.engine.at(now + delay, GuardSignal(owner.index), Priority.AGENT)
         else:
             poll = self._next_poll(owner, now)
             self.engine.at(poll, ReturnPoll(owner.index), Priority.AGENT)
@@ -546,7 +550,7 @@ class Simulation:
         victims = tuple(v.pod for v in plan.victims)
         if victims:
             self.metrics.returns_with_eviction += 1
-        self.engine.at(now + self.lat.kill(len(victims)), EvictionDone(owner.index, victims), Priority.AGENT)
+        self.engine.at(now + self.lat.kill(len(victims), self.rng), EvictionDone(owner.index, victims), Priority.AGENT)
 
     def _eviction_done(self, event: EvictionDone) -> None:
         owner = self.owners[event.owner]
@@ -557,7 +561,7 @@ class Simulation:
                 self._evict_job(pod.job, EvictionReason.OWNER_BACK)
         if owner.hold_start is not None:
             if self.policy.guard:
-                hold = now + self.lat.guard_release - owner.hold_start
+                hold = now + self.lat.guard_release.sample(self.rng) - owner.hold_start
                 if hold > self.lat.fail_open_timeout:
                     self.metrics.exposures_ms.append((hold - self.lat.fail_open_timeout) * 1000)
                     hold = self.lat.fail_open_timeout
@@ -1215,7 +1219,7 @@ class Simulation:
             self.placed_spot[job.index] = job
             size = (len(job.pods), job.spec.gpus * GPU_MILLI)
             self.placed_sizes[size] = self.placed_sizes.get(size, 0) + 1
-        start = self.lat.spot_start if job.spot else self.lat.reserved_start
+        start = (self.lat.spot_start if job.spot else self.lat.reserved_start).sample(self.rng)
         event = JobStart(job.index, job.attempt)
         if start > 0:
             job.completion = self.engine.at(now + start, event)

@@ -1,13 +1,14 @@
 """Workload sources of the simulator, one small module each, registered by name.
 
 Importing this package registers the built-in sources: owners from ``helios`` (Helios Earth
-per-team series), ``devmachine`` (synthetic work-day pattern) and ``inline``; jobs from
+per-team series), ``devmachine`` (synthetic work-day pattern), ``bursty`` (inference pods and
+developers that come and go every few minutes) and ``inline``; jobs from
 ``elasticflow`` (ElasticFlow traces) and ``inline``. See :mod:`.base` for the extension points.
 """
 
 from __future__ import annotations
 
-from spotgpu.sim.workloads import devmachine, elasticflow, helios, inline
+from spotgpu.sim.workloads import bursty, devmachine, elasticflow, helios, inline
 from spotgpu.sim.workloads.base import (
     EMBEDDED,
     JOB_SOURCES,
@@ -34,6 +35,7 @@ __all__ = [
     "PriorityRule",
     "TraceJob",
     "WorkloadError",
+    "bursty",
     "devmachine",
     "elasticflow",
     "helios",

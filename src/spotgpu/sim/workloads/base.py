@@ -21,14 +21,17 @@ Python runs), never from the global generator.
 from __future__ import annotations
 
 import bisect
+import csv
 import gzip
+import io
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from spotgpu.core.config import ConfigError, camel
 from spotgpu.core.errors import ValidationError
 from spotgpu.core.registry import Registry
 from spotgpu.core.types import SpotPriority
@@ -147,6 +150,21 @@ OWNER_SOURCES: Final[Registry[OwnerSource]] = Registry("owner source")
 JOB_SOURCES: Final[Registry[JobSource]] = Registry("job source")
 
 
+def check_work_week(config: Any, probabilities: Sequence[str] = ()) -> None:
+    """The rules of a work-week pattern's keys (``workdays``, ``firstWeekday``, ``arrive`` before
+    ``leave`` within a day, and the named probability fields); :class:`ConfigError` naming the key."""
+    if any(not 0 <= d <= 6 for d in config.workdays):
+        raise ConfigError(f"workdays: days are 0 (Monday) .. 6 (Sunday), got {list(config.workdays)}")
+    if not 0 <= config.first_weekday <= 6:
+        raise ConfigError(f"firstWeekday: must be 0 (Monday) .. 6 (Sunday), got {config.first_weekday}")
+    for name in probabilities:
+        value = getattr(config, name)
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"{camel(name)}: a probability must be within 0..1, got {value}")
+    if not config.arrive < config.leave <= 86400.0:
+        raise ConfigError(f"leave: must be after arrive and within a day ({config.arrive:g}s .. {config.leave:g}s)")
+
+
 def resolve_path(value: str, base_dir: Path) -> Path:
     """A trace path from a scenario: ``~`` expanded, relative to the scenario's folder."""
     path = Path(value).expanduser()
@@ -168,6 +186,64 @@ def file_version(path: Path, what: str) -> int:
         return path.stat().st_mtime_ns
     except OSError as exc:
         raise WorkloadError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+
+
+def csv_rows(text: str, where: str, required: Iterable[str]) -> Iterator[tuple[int, dict[str, str]]]:
+    """The records of a CSV trace as ``(line, {column: text})``, the header on line 1.
+
+    Every problem is a :class:`WorkloadError` naming ``where:line``: a missing column, a row with
+    fewer or more fields than the header, a malformed line (the csv module's own errors).
+    """
+    reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
+    done = 0  # the last line of the last complete record (the csv module counts lines per record)
+    try:
+        fields = list(reader.fieldnames or ())
+        done = reader.line_num
+        missing = set(required) - set(fields)
+        if missing:
+            raise WorkloadError(f"{where}: missing column(s) {', '.join(sorted(missing))}")
+        for record in reader:
+            line = reader.line_num
+            if None in record:
+                raise WorkloadError(f"{where}:{line}: more fields than the header's {len(fields)}")
+            short = [k for k in fields if record.get(k) is None]
+            if short:
+                raise WorkloadError(
+                    f"{where}:{line}: {len(fields) - len(short)} of the header's {len(fields)} fields;"
+                    f" no {', '.join(short)}"
+                )
+            done = line
+            yield line, record  # every value is a str here (checked above)
+    except csv.Error as exc:
+        raise WorkloadError(f"{where}:{done + 1}: not valid CSV (in the record from this line on): {exc}") from None
+
+
+def csv_seconds(record: dict[str, str], column: str, where: str) -> float:
+    """A finite number of seconds (``12``, ``12.5``, ``1e3``) from a CSV field; ``where`` is ``file:line``."""
+    text = record[column].strip()
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise WorkloadError(f"{where}: {column}: {text!r} is not a number of seconds")
+    return value
+
+
+def csv_int(record: dict[str, str], column: str, where: str) -> int:
+    """An integer from a CSV field (``4``; ``4.0`` too, a float spelling of a whole number)."""
+    text = record[column].strip()
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value != int(value):
+        raise WorkloadError(f"{where}: {column}: {text!r} is not an integer")
+    return int(value)
 
 
 def merge_intervals(intervals: Iterable[tuple[float, float]], horizon: float) -> tuple[tuple[float, float], ...]:
@@ -257,6 +333,10 @@ __all__ = [
     "OwnerTrace",
     "TraceJob",
     "WorkloadError",
+    "check_work_week",
+    "csv_int",
+    "csv_rows",
+    "csv_seconds",
     "demand_gpu_seconds",
     "file_version",
     "merge_intervals",

@@ -28,7 +28,7 @@ import random
 from typing import Final
 
 from spotgpu.core.config import ConfigError, Seconds, camel
-from spotgpu.sim.workloads.base import OWNER_SOURCES, OwnerRequest, OwnerTrace, merge_intervals
+from spotgpu.sim.workloads.base import OWNER_SOURCES, OwnerRequest, OwnerTrace, check_work_week, merge_intervals
 
 NAME: Final = "devmachine"
 DAY: Final = 86400.0
@@ -70,16 +70,7 @@ class DevMachineConfig:
     timezone_spread: Seconds = _TIMEZONE_SPREAD
 
     def __post_init__(self) -> None:
-        if any(not 0 <= d <= 6 for d in self.workdays):
-            raise ConfigError(f"workdays: days are 0 (Monday) .. 6 (Sunday), got {list(self.workdays)}")
-        if not 0 <= self.first_weekday <= 6:
-            raise ConfigError(f"firstWeekday: must be 0 (Monday) .. 6 (Sunday), got {self.first_weekday}")
-        for name in ("overnight_probability", "absent_probability", "weekend_probability"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ConfigError(f"{camel(name)}: a probability must be within 0..1, got {value}")
-        if not self.arrive < self.leave <= DAY:
-            raise ConfigError(f"leave: must be after arrive and within a day ({self.arrive:g}s .. {self.leave:g}s)")
+        check_work_week(self, ("overnight_probability", "absent_probability", "weekend_probability"))
         for name in ("session_mean", "break_mean", "overnight_mean"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{camel(name)}: must be greater than zero")

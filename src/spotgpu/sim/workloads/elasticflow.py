@@ -4,7 +4,9 @@ Side effect: reads the trace in :meth:`ElasticFlowJobs.build` (parsed traces are
 file). Decides which trace jobs arrive when in the simulation.
 
 The data: per cluster, one row per job with ``submission_time`` (seconds, relative to the
-trace start), ``duration`` (seconds of running time) and ``num_gpu``. Accepted inputs
+trace start), ``duration`` (seconds of running time) and ``num_gpu``; seconds may have
+fractions (``12.5``). A row that is short, long or not numbers is an error naming file:line.
+Accepted inputs
 (``trace``):
 
 * ``embedded``: the excerpt shipped with spotgpu (all ten clusters, ``job_id`` replaced by the
@@ -23,10 +25,8 @@ Window 0 is the plain replay; a job stream that asks for more load overlays furt
 from __future__ import annotations
 
 import bisect
-import csv
 import dataclasses
 import gzip
-import io
 import tarfile
 from functools import lru_cache
 from pathlib import Path
@@ -39,6 +39,9 @@ from spotgpu.sim.workloads.base import (
     JobRequest,
     TraceJob,
     WorkloadError,
+    csv_int,
+    csv_rows,
+    csv_seconds,
     file_version,
     overlay_windows,
     read_text,
@@ -69,29 +72,24 @@ class ElasticFlowConfig:
 
 
 class Row(NamedTuple):
-    submission: int
+    submission: float
+    """Seconds from the trace's start (whole in the published traces; fractions accepted)."""
     cluster: str
     row: int
-    duration: int
+    duration: float
     gpus: int
 
 
 def _parse(text: str, where: str, cluster: str | None) -> list[Row]:
-    reader = csv.DictReader(io.StringIO(text))
-    fields = set(reader.fieldnames or ())
     need = {"submission_time", "duration", "num_gpu"} | ({"cluster", "row"} if cluster is None else set())
-    missing = need - fields
-    if missing:
-        raise WorkloadError(f"{where}: missing column(s) {', '.join(sorted(missing))}")
     rows = []
-    for line, rec in enumerate(reader, start=2):
-        try:
-            sub, dur, gpus = int(rec["submission_time"]), int(rec["duration"]), int(rec["num_gpu"])
-            name, row_no = (rec["cluster"], int(rec["row"])) if cluster is None else (cluster, line - 2)
-        except (TypeError, ValueError) as exc:
-            raise WorkloadError(f"{where}:{line}: {exc}") from None
+    for n, (line, rec) in enumerate(csv_rows(text, where, need)):
+        at = f"{where}:{line}"
+        sub, dur = csv_seconds(rec, "submission_time", at), csv_seconds(rec, "duration", at)
+        gpus = csv_int(rec, "num_gpu", at)
+        name, row_no = (rec["cluster"], csv_int(rec, "row", at)) if cluster is None else (cluster, n)
         if sub < 0 or dur <= 0 or gpus < 1:
-            raise WorkloadError(f"{where}:{line}: need submission_time >= 0, duration > 0, num_gpu >= 1")
+            raise WorkloadError(f"{at}: need submission_time >= 0, duration > 0, num_gpu >= 1")
         rows.append(Row(sub, name, row_no, dur, gpus))
     return rows
 

@@ -29,9 +29,7 @@ one curve repeated. The last copy may be partial (fewer owners, same proportiona
 from __future__ import annotations
 
 import bisect
-import csv
 import dataclasses
-import io
 import math
 import random
 from datetime import datetime
@@ -46,6 +44,8 @@ from spotgpu.sim.workloads.base import (
     OwnerRequest,
     OwnerTrace,
     WorkloadError,
+    csv_int,
+    csv_rows,
     file_version,
     read_text,
     resolve_path,
@@ -110,9 +110,10 @@ def _parse_rows(rows: list[tuple[int, str, str, str]], where: str, team: str) ->
     for line, time_text, total_text, idle_text in rows:
         try:
             when = datetime.fromisoformat(time_text)
-            t, idle = int(total_text), int(idle_text)
-        except ValueError as exc:
-            raise WorkloadError(f"{where}:{line}: {exc}") from None
+        except ValueError:
+            raise WorkloadError(f"{where}:{line}: time: {time_text!r} is not a time like 2020-05-01 00:00:00") from None
+        record = {"total_gpu_num": total_text, "idle_gpu_num": idle_text}
+        t, idle = (csv_int(record, column, f"{where}:{line}") for column in record)
         if t <= 0 or not 0 <= idle <= t:
             raise WorkloadError(f"{where}:{line}: need 0 <= idle_gpu_num <= total_gpu_num and a quota > 0")
         if start is None:
@@ -131,14 +132,9 @@ def _parse_rows(rows: list[tuple[int, str, str, str]], where: str, team: str) ->
 
 
 def _read_csv(text: str, where: str) -> dict[str, list[tuple[int, str, str, str]]]:
-    reader = csv.DictReader(io.StringIO(text))
-    fields = set(reader.fieldnames or ())
-    missing = {"time", "total_gpu_num", "idle_gpu_num"} - fields
-    if missing:
-        raise WorkloadError(f"{where}: missing column(s) {', '.join(sorted(missing))}")
     by_team: dict[str, list[tuple[int, str, str, str]]] = {}
-    for line, row in enumerate(reader, start=2):
-        team = row["team"] if "team" in fields else ""
+    for line, row in csv_rows(text, where, ("time", "total_gpu_num", "idle_gpu_num")):
+        team = row.get("team", "")
         by_team.setdefault(team, []).append((line, row["time"], row["total_gpu_num"], row["idle_gpu_num"]))
     return by_team
 
