@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from spotgpu.adapters.agent_state import LendStateFile, decode, encode
 from spotgpu.agent.fakes import FakeLendStore
 from spotgpu.agent.model import LendState
-from spotgpu.agent.node_ports import LentOwner
+from spotgpu.agent.node_ports import LearnedOwner, LentOwner
 from spotgpu.agent.ports import PodEvent, PodEventType
 from spotgpu.core.errors import ValidationError
 from spotgpu.core.ids import DeviceID
@@ -116,9 +117,9 @@ def test_lending_writes_the_record_before_the_twins_turn_healthy(tmp_path: Path)
     healthy_when_saved: list[bool] = []
     real_save = store.save
 
-    def save(lent: list[LentOwner]) -> None:
+    def save(lent: list[LentOwner], learned: Mapping[ContainerRef, LearnedOwner] | None = None) -> None:
         healthy_when_saved.append(rig.agent.solver.lendable(rig.d[0]) is True)
-        real_save(lent)
+        real_save(lent, learned)
 
     store.save = save  # type: ignore[method-assign]
     lend(rig)

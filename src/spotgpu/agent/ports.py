@@ -76,6 +76,11 @@ class KubePort(Protocol):
         """
         ...
 
+    def record_node_event(self, node: NodeName, *, reason: str, message: str) -> None:
+        """Record a Warning event about ``node`` (best effort: never raises; repeats within a
+        few minutes may be dropped)."""
+        ...
+
     def list_node_pods(self, node: NodeName) -> list[PodInfo]:
         """Every pod bound to ``node``."""
         ...
@@ -109,6 +114,12 @@ class GuardPort(Protocol):
         ...
 
     def is_armed(self, owner: ContainerRef) -> bool: ...
+
+    def covers(self, owner: ContainerRef) -> bool:
+        """A notify fd of ``owner`` is held here: the guard can catch its return. False for an
+        owner the rule was not injected into (``spotgpu.io/guard-skipped``), whose fd was lost,
+        or while the guard is unavailable."""
+        ...
 
 
 __all__ = [

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from spotgpu.core.config import ConfigError, Seconds, from_mapping, read_yaml
+from spotgpu.core.config import ConfigError, LendPolicyKind, PredictiveConfig, Seconds, from_mapping, read_yaml
 from spotgpu.core.types import NodeStrategy, SpotPriority
 from spotgpu.scheduler.config import SchedulerConfig
 from spotgpu.sim import defaults
@@ -100,6 +100,11 @@ class PolicySpec:
     strategy: NodeStrategy = NodeStrategy.LOWPOWER
     guard: bool = True
     """Return detection by the guard (event); false: by the detector's polling only."""
+    lend_policy: LendPolicyKind = LendPolicyKind.TIMER
+    """When idle owners are lent: ``timer`` (after ``maxInactiveTime``) or ``predictive`` (also
+    only when the owner's learned idle durations promise ``predictive.minExpectedIdle``)."""
+    predictive: PredictiveConfig = dataclasses.field(default_factory=PredictiveConfig)
+    """The owner-return model and the predictive policy's thresholds (``agent.lending.predictive``)."""
 
     def __post_init__(self) -> None:
         _check_name("name", self.name)
