@@ -52,7 +52,7 @@ from typing import Final
 from spotgpu.agent.model import EvictionPlan, LendState, plan_eviction, twin_health
 from spotgpu.agent.node_ports import GpuDevice
 from spotgpu.core.ids import DeviceID, NodeName
-from spotgpu.core.lending import Actions, Evict, Lent, Persist
+from spotgpu.core.lending import Action, Actions, Evict, Lent, Persist
 from spotgpu.core.mapping_cache import IDLE_SPACE, DeviceEntry, MappingSnapshot, Owner, OwnerEntry
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import GPU_MILLI, EvictionReason, Health, QueueType
@@ -124,6 +124,8 @@ class Hooks:
     cap_pending: bool = True
     """With ``trim_snapshots``: offer only the pending spot gangs that could be placed (see
     ``Simulation._spot_candidates``)."""
+    lending_log: list[Action] | None = None
+    """When a list, every action of every owner's lending state machine is appended (tests)."""
 
 
 # --- events -------------------------------------------------------------------------------
@@ -331,7 +333,9 @@ class Simulation:
             if owner.trace.active:
                 self.engine.at(owner.trace.active[0][0], OwnerStart(owner.index, 0))
             if self.lending:
-                owner.agent = OwnerAgent(owner.ref, owner.devices, self.rules, 0.0, covered=self.policy.guard)
+                owner.agent = OwnerAgent(
+                    owner.ref, owner.devices, self.rules, 0.0, covered=self.policy.guard, log=self.hooks.lending_log
+                )
                 self._arm_idle_check(owner)
         for job in self.jobs:
             self.engine.at(job.arrival, JobArrival(job.index))
