@@ -48,7 +48,8 @@ class NodeView:
     shadow: frozenset[ContainerRef]
     pool_twins: Mapping[ResourceName, Mapping[DeviceID, DeviceID]]
     kinds: Mapping[ResourceName, TwinKind]
-    use: Mapping[DeviceID, DeviceUse]
+    use: Mapping[DeviceID, DeviceUse] | None = None
+    """Twins in use per GPU (needed by :meth:`Publisher.publish` only)."""
 
 
 def forecast_annotation(forecasts: Mapping[DeviceID, IdleForecast]) -> str:
@@ -77,9 +78,12 @@ class Publisher:
         self.twin_health: dict[ResourceName, dict[DeviceID, Health]] = {}
         """Per served resource, every twin's health as last published."""
         self._last_annotations: dict[str, str] | None = None
+        self._forecast: tuple[dict[DeviceID, IdleForecast], str] = ({}, forecast_annotation({}))
+        """The last forecasts and their JSON (they change a few times per loan)."""
 
     def publish(self, view: NodeView) -> None:
         """Recompute twin health from ``view`` and hand it to the device plugins and the metrics."""
+        assert view.use is not None
         self.health = twin_health(view.devices, view.snapshot, view.lend_states, view.shadow)
         self.twin_health = pool_health(view.pool_twins, view.kinds, self.health, view.use)
         numa = {d.id: d.numa_node for d in view.devices}
@@ -99,7 +103,9 @@ class Publisher:
         state = node_state_annotation(
             view.devices, view.snapshot, view.lend_states, self.health, view.shadow, replicas=replicas
         )
-        return {keys.NODE_SPOT_GPU_STATE: state, keys.NODE_IDLE_FORECAST: forecast_annotation(forecasts)}
+        if forecasts != self._forecast[0]:
+            self._forecast = (dict(forecasts), forecast_annotation(forecasts))
+        return {keys.NODE_SPOT_GPU_STATE: state, keys.NODE_IDLE_FORECAST: self._forecast[1]}
 
     def changed(self, values: Mapping[str, str]) -> bool:
         return dict(values) != self._last_annotations

@@ -620,7 +620,7 @@ class Solver:
         return released_at
 
     # -- publishing ------------------------------------------------------------------------------
-    def _view(self) -> NodeView:
+    def _view(self, *, use: bool) -> NodeView:
         return NodeView(
             self._devices,
             self.mapping.snapshot(),
@@ -628,12 +628,12 @@ class Solver:
             self._shadow,
             self.allocator.pool_twins,
             self.allocator.kinds,
-            self.allocator.use_locked(),
+            self.allocator.use_locked() if use else None,
         )
 
     def publish_locked(self) -> None:
         """Recompute and publish twin health (caller holds the lock)."""
-        self.publisher.publish(self._view())
+        self.publisher.publish(self._view(use=True))
 
     def idle_forecasts(self) -> dict[DeviceID, IdleForecast]:
         """Per real device of a lent owner, its owner's predicted idle remainder now."""
@@ -650,7 +650,8 @@ class Solver:
         """Patch the node annotations when the per-device state or the forecast changed (best effort)."""
         forecasts = self.idle_forecasts()
         with self.lock:
-            values = self.publisher.annotations(self._view(), forecasts, replicas=self.allocator.shared_replicas)
+            view = self._view(use=False)
+            values = self.publisher.annotations(view, forecasts, replicas=self.allocator.shared_replicas)
             if not self.publisher.changed(values):
                 return
         self.publisher.annotate(values)

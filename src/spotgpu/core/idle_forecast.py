@@ -164,9 +164,15 @@ class _Curve:
         return 0.0
 
 
+@functools.lru_cache(maxsize=256)
+def _curve(history: IdleHistory, config: PredictiveConfig) -> _Curve:
+    """The (immutable) curve of one history: a lent owner's forecast is asked for every cycle."""
+    return _Curve(history, config)
+
+
 def remainder(history: IdleHistory, config: PredictiveConfig, elapsed: float) -> Forecast:
     """The forecast for an owner idle for ``elapsed`` seconds (see module docstring)."""
-    curve = _Curve(history, config)
+    curve = _curve(history, config)
     elapsed = max(0.0, elapsed)
     return Forecast(curve.expected(elapsed), curve.quantile(elapsed, P20))
 
@@ -250,7 +256,7 @@ def judge(
     of the idle time apart) at which all hold if no evidence arrives (``inf`` if none does).
     Asking again before then is pointless by definition (the state machine does not); the answer
     may err late by one candidate step, never early."""
-    curve = _Curve(history, config)
+    curve = _curve(history, config)
     need, likely = float(config.min_expected_idle), float(config.min_likely_idle)
 
     def promising(e: float) -> bool:
