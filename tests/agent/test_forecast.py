@@ -26,7 +26,7 @@ def test_only_lent_twins_carry_a_forecast_written_with_the_state(tmp_path: Path)
     got = forecast(rig)
     assert set(got) == {to_spot_id(rig.d[0]), to_spot_id(rig.d[1])}  # not the unallocated GPUs 2 and 3
     solver = rig.agent.solver
-    expected = idle_forecast(solver.lending()[OWNER], rig.clock.monotonic(), solver.rules)
+    expected = idle_forecast(solver.lending_states()[OWNER], rig.clock.monotonic(), solver.rules)
     assert expected is not None
     assert got[to_spot_id(rig.d[0])] == {"expected": expected.expected, "p20": expected.p20}
     assert 0 < expected.p20 <= expected.expected  # a new owner: the prior's exponential

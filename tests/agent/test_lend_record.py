@@ -233,11 +233,11 @@ def test_what_an_owner_taught_the_model_survives_a_restart(tmp_path: Path) -> No
     for store in (FakeLendStore(), LendStateFile(tmp_path / "run" / "agent-state.json")):
         rig = make_rig(tmp_path, store=store)
         lend_and_return(rig, idle=300)  # a quick return: a strike too
-        learned = rig.agent.solver.lending()[OWNER]
+        learned = rig.agent.solver.lending_states()[OWNER]
         assert learned.history.observed == 1 and learned.backoff.strikes == 1
         rig.agent.stop()
         again = make_rig(tmp_path, store=store)
-        after = again.agent.solver.lending()[OWNER]
+        after = again.agent.solver.lending_states()[OWNER]
         assert after.history == learned.history
         assert after.backoff.strikes == learned.backoff.strikes
         assert abs(after.backoff.at - learned.backoff.at) < 1e-6  # same clock origin in these tests
@@ -251,7 +251,7 @@ def test_a_version_1_record_still_brings_its_loan_back(tmp_path: Path) -> None:
     path.write_text(json.dumps({"version": 1, "lent": [owner]}))
     again = make_rig(tmp_path, store=LendStateFile(path))
     assert again.agent.solver.state().lend_states[OWNER] is LendState.LENT
-    assert again.agent.solver.lending()[OWNER].history.empty
+    assert again.agent.solver.lending_states()[OWNER].history.empty
 
 
 def test_the_record_stays_small_however_long_the_history(tmp_path: Path) -> None:
@@ -262,5 +262,5 @@ def test_the_record_stays_small_however_long_the_history(tmp_path: Path) -> None
         lend_and_return(rig, idle=900)
         rig.cycle(1)
         sizes.append(path.stat().st_size)
-    assert rig.agent.solver.lending()[OWNER].history.observed == 40
+    assert rig.agent.solver.lending_states()[OWNER].history.observed == 40
     assert max(sizes) < 2500 and sizes[-1] <= sizes[5] + 20  # bounded: the same 32 numbers per owner

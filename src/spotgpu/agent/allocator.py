@@ -88,6 +88,10 @@ class AllocationHost(Protocol):
         """Re-reads pod-resources now; False when the host cannot."""
         ...
 
+    def allocated(self) -> None:
+        """An Allocate succeeded (the host refreshes soon, so pod-resources confirms the grant)."""
+        ...
+
     def publish_locked(self) -> None: ...
 
 
@@ -249,7 +253,24 @@ class Allocator:
         return TwinView(real, health, self.host.mapping.get_device_owner(real))
 
     def allocate(self, resource: ResourceName, twins: Sequence[str]) -> dict[str, str]:
-        """The Allocate answer for one container (see :meth:`spotgpu.agent.solver.Solver.allocate`)."""
+        """The device plugin's Allocate answer for one container of ``resource``: the
+        ``container-devices-from`` annotation naming the owner of the real GPUs behind ``twins``
+        (:func:`~spotgpu.agent.model.allocate_annotations`), after the kind rule
+        (:func:`~spotgpu.agent.steer.check_kinds`). The twins are recorded as granted (their
+        GPUs' other kind turns Unhealthy at once) to the pod being admitted; when that pod was
+        assigned other GPUs, the mismatch is logged and counted, and the answer still names the
+        GPUs behind ``twins``.
+
+        Raises :class:`~spotgpu.agent.model.AllocateRefused` for a twin we cannot give."""
+        try:
+            annotations = self._allocate(resource, twins)
+        except AllocateRefused:
+            self.metrics.allocations.labels(resource=resource, result="refused").inc()
+            raise
+        self.host.allocated()
+        return annotations
+
+    def _allocate(self, resource: ResourceName, twins: Sequence[str]) -> dict[str, str]:
         pool = self.pool(resource)
         host = self.host
         for attempt in (0, 1):

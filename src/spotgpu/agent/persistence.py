@@ -24,7 +24,9 @@ from spotgpu.agent.node_ports import LearnedOwner, LendStore, LentOwner
 from spotgpu.core.clock import Clock
 from spotgpu.core.errors import SpotgpuError
 from spotgpu.core.idle_forecast import Backoff
-from spotgpu.core.refs import ContainerRef
+from spotgpu.core.ids import DeviceID
+from spotgpu.core.mapping_cache import Owner
+from spotgpu.core.refs import ContainerRef, PodRef
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,29 @@ def _shift(learned: Mapping[ContainerRef, LearnedOwner], offset: float) -> dict[
         o: v if v.backoff.strikes <= 0 else replace(v, backoff=Backoff(v.backoff.strikes, v.backoff.at + offset))
         for o, v in learned.items()
     }
+
+
+def lent_evidence(
+    owner: ContainerRef,
+    devices: tuple[DeviceID, ...],
+    index: Mapping[DeviceID, tuple[Owner, tuple[PodRef, ...]]],
+    recorded: LentOwner | None,
+    container_id: str | None,
+) -> str | None:
+    """Why ``owner`` was lent before an agent restart, or None when it was not (recovery only).
+
+    Spot users on its GPUs prove it; so does the lending record, when it names the same devices
+    and the same container (``container_id`` now; a restarted owner container may be in use:
+    not trusted).
+    """
+    if any(index[d][1] for d in devices):
+        return "had spot users"
+    if recorded is None or set(recorded.devices) != set(devices):
+        return None
+    if recorded.container_id is not None and container_id is not None and recorded.container_id != container_id:
+        log.info("recovery: owner %s was lent, but its container was replaced; judged afresh", owner)
+        return None
+    return "was recorded as lent"
 
 
 class RecordKeeper:
@@ -92,4 +117,4 @@ class RecordKeeper:
             log.warning("saving the lending record failed: %s", exc)
 
 
-__all__ = ["Record", "RecordKeeper"]
+__all__ = ["Record", "RecordKeeper", "lent_evidence"]

@@ -208,7 +208,7 @@ class Agent:
                     resource,
                     partial(self._allocate, resource),
                     socket_name=sockets[resource],
-                    preferred=partial(self.solver.prefer, resource),
+                    preferred=partial(self.solver.allocator.prefer, resource),
                 )
         self._refresh_wanted = threading.Event()
         self._runtime_factory = runtime_service
@@ -243,7 +243,7 @@ class Agent:
             plugin.set_devices([TwinDevice(t, h, n) for t, h, n in twins])
 
     def _allocate(self, resource: ResourceName, twins: Sequence[str]) -> dict[str, str]:
-        return self.solver.allocate(twins, resource)
+        return self.solver.allocator.allocate(resource, twins)
 
     def _live_pods(self) -> list[PodInfo]:
         """This node's pods in binding order (the dict keeps first-seen order)."""

@@ -53,8 +53,9 @@ from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.agent.allocator import Allocator, Grant
 from spotgpu.agent.detect import WatchedOwner
 from spotgpu.agent.evictor import EvictionOutcome, Evictor, SweepFn
+from spotgpu.agent.guarding import GuardExecutor
+from spotgpu.agent.lookups import SolverLookups, SolverState
 from spotgpu.agent.model import (
-    AllocateRefused,
     EvictionPlan,
     MappingBuild,
     build_mapping,
@@ -73,45 +74,17 @@ from spotgpu.agent.node_ports import (
     RuntimeContainer,
     TaskPort,
 )
-from spotgpu.agent.persistence import Record, RecordKeeper
+from spotgpu.agent.persistence import Record, RecordKeeper, lent_evidence
 from spotgpu.agent.ports import GuardPort, KubePort, PodInfo
 from spotgpu.agent.publisher import NodeView, Publisher, PublishFn
 from spotgpu.agent.settings import SolverSettings
-from spotgpu.core import keys
+from spotgpu.core import lending
 from spotgpu.core.clock import Clock, SystemTimer, Timer
-from spotgpu.core.ids import DeviceID, ResourceName
-from spotgpu.core.lending import (
-    Action,
-    ActivitySample,
-    Arm,
-    ArmFailed,
-    DevicesChanged,
-    Disarm,
-    Event,
-    Evict,
-    EvictionDone,
-    Forget,
-    Gone,
-    GuardSignal,
-    IdleForecast,
-    LendRules,
-    LendState,
-    Lent,
-    NotLent,
-    OwnerLending,
-    Persist,
-    Publish,
-    Recovered,
-    Refusal,
-    Sample,
-    Violation,
-    idle_forecast,
-    new_owner,
-    transition,
-)
+from spotgpu.core.ids import DeviceID
+from spotgpu.core.lending import Action, IdleForecast, LendRules, LendState, OwnerLending
 from spotgpu.core.mapping_cache import MappingCache, MappingSnapshot, Owner
 from spotgpu.core.refs import ContainerRef, PodRef
-from spotgpu.core.types import EvictionReason, Health
+from spotgpu.core.types import EvictionReason
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +93,7 @@ log = logging.getLogger(__name__)
 class _Effects:
     """What applying actions left to do after the lock (see module docstring)."""
 
-    evicts: list[Evict] = field(default_factory=list)
+    evicts: list[lending.Evict] = field(default_factory=list)
     publish: bool = False
     persist: bool = False
     events: list[tuple[str, str]] = field(default_factory=list)
@@ -128,15 +101,7 @@ class _Effects:
     reports: list[Action] = field(default_factory=list)
 
 
-@dataclass
-class SolverState:
-    """Read-only view for tests, the CLI and the runtime's lookups."""
-
-    lend_states: dict[ContainerRef, LendState] = field(default_factory=dict)
-    health: dict[DeviceID, Health] = field(default_factory=dict)
-
-
-class Solver:
+class Solver(SolverLookups):
     """The agent's state and coordinator (see module docstring)."""
 
     def __init__(
@@ -157,6 +122,7 @@ class Solver:
         self.kube = kube
         self.tasks = tasks
         self.guard = guard
+        self.guards = GuardExecutor(guard, metrics=metrics)
         self.metrics = metrics
         self.clock = clock
         self.mapping = MappingCache()
@@ -287,7 +253,7 @@ class Solver:
             )
             state = self._owners.get(v.owner) if isinstance(v.owner, ContainerRef) else None
             if state is not None:
-                self._feed(state, Violation(v.reason), now, started)
+                self._feed(state, lending.Violation(v.reason), now, started)
             self._evicting.add(v.owner)
         effects.events.extend(started.events)
         return plans
@@ -299,48 +265,27 @@ class Solver:
             state = self._owners.get(owner)
             if state is None:
                 learned = self._learned_at_start.pop(owner, LearnedOwner())
-                state = new_owner(owner, devices, now, learned.history, learned.backoff)
+                state = lending.new_owner(owner, devices, now, learned.history, learned.backoff)
                 self._owners[owner] = state
                 if record is None:
                     log.info("new owner %s with devices %s (active)", owner, list(devices))
                     continue
-                evidence = self._lent_evidence(owner, devices, index, record.lent)
+                evidence = lent_evidence(owner, devices, index, record.lent.get(owner), self._container_id(owner))
                 entry = record.lent.get(owner)
                 lent_at = entry.since - (self.clock.time() - now) if entry is not None else None
-                self._feed(state, Recovered(evidence is not None, self._covered(owner), lent_at), now, effects)
+                self._feed(
+                    state, lending.Recovered(evidence is not None, self.guards.covers(owner), lent_at), now, effects
+                )
                 if evidence is not None and self._owners[owner].state is LendState.LENT:
                     self._since[owner] = entry.since if entry is not None else self.clock.time()
                     log.info("recovery: owner %s devices %s %s: lent again", owner, list(devices), evidence)
             elif state.devices != devices:
                 log.info("owner %s devices changed %s -> %s", owner, list(state.devices), list(devices))
-                self._feed(state, DevicesChanged(devices), now, effects)
+                self._feed(state, lending.DevicesChanged(devices), now, effects)
         for owner in [o for o in self._owners if o not in current]:
             state = self._owners[owner]
             log.info("owner %s is gone (state %s); its devices are unallocated now", owner, state.state.value)
-            self._feed(state, Gone(), now, effects)
-
-    def _lent_evidence(
-        self,
-        owner: ContainerRef,
-        devices: tuple[DeviceID, ...],
-        index: Mapping[DeviceID, tuple[Owner, tuple[PodRef, ...]]],
-        recorded: Mapping[ContainerRef, LentOwner],
-    ) -> str | None:
-        """Why ``owner`` was lent before the restart, or None when it was not (recovery only).
-
-        Spot users on its GPUs prove it; so does the lending record, when it names the same
-        devices and the same container (a restarted owner container may be in use: not trusted).
-        """
-        if any(index[d][1] for d in devices):
-            return "had spot users"
-        entry = recorded.get(owner)
-        if entry is None or set(entry.devices) != set(devices):
-            return None
-        current = self._container_id(owner)
-        if entry.container_id is not None and current is not None and entry.container_id != current:
-            log.info("recovery: owner %s was lent, but its container was replaced; judged afresh", owner)
-            return None
-        return "was recorded as lent"
+            self._feed(state, lending.Gone(), now, effects)
 
     def _container_id(self, owner: ContainerRef) -> str | None:
         pod = self._pods.get(owner.pod_ref)
@@ -377,52 +322,48 @@ class Solver:
         self.records.save(Record(lent, learned))
 
     # -- the state machine ---------------------------------------------------------------------
-    def _covered(self, owner: ContainerRef) -> bool:
-        guard = self.guard
-        return guard is not None and guard.available and guard.covers(owner)
-
-    def _feed(self, state: OwnerLending, event: Event, now: float, effects: _Effects) -> None:
+    def _feed(self, state: OwnerLending, event: lending.Event, now: float, effects: _Effects) -> None:
         """Run one transition and apply its actions (caller holds the lock)."""
-        after, actions = transition(state, event, now, self._rules)
+        after, actions = lending.transition(state, event, now, self._rules)
         self._owners[after.owner] = after
         if self.action_log is not None:
             self.action_log.extend(actions)
         owner = after.owner
         for i, action in enumerate(actions):
-            if isinstance(action, Arm):
-                if not self._arm(owner):
-                    self._feed(self._owners[owner], ArmFailed(), now, effects)
+            if isinstance(action, lending.Arm):
+                if not self.guards.arm(owner):
+                    self._feed(self._owners[owner], lending.ArmFailed(), now, effects)
                     return  # the loan does not happen: skip the rest of its actions
-            elif isinstance(action, Disarm):
-                self._disarm(owner)
-            elif isinstance(action, Persist):
+            elif isinstance(action, lending.Disarm):
+                self.guards.disarm(owner)
+            elif isinstance(action, lending.Persist):
                 if i + 1 < len(actions):
                     self.persist()  # on disk before what follows (a lend: before the twins turn Healthy)
                 else:
                     effects.persist = True
-            elif isinstance(action, Publish):
+            elif isinstance(action, lending.Publish):
                 effects.publish = True
-            elif isinstance(action, Evict):
+            elif isinstance(action, lending.Evict):
                 self._evicting.add(owner)
                 effects.evicts.append(action)
                 effects.reports.append(action)
-            elif isinstance(action, Forget):
+            elif isinstance(action, lending.Forget):
                 self._owners.pop(owner, None)
                 self._since.pop(owner, None)
-            elif isinstance(action, Lent):
+            elif isinstance(action, lending.Lent):
                 self._since[owner] = self.clock.time()
                 log.info("owner %s idle for %.1fs on devices %s: lending", owner, action.idle_for, list(action.devices))
                 effects.reports.append(action)
-            elif isinstance(action, NotLent):
+            elif isinstance(action, lending.NotLent):
                 self._not_lent(action, effects)
 
-    def _not_lent(self, action: NotLent, effects: _Effects) -> None:
+    def _not_lent(self, action: lending.NotLent, effects: _Effects) -> None:
         self.metrics.not_lent.labels(reason=action.reason.value).inc()
         owner = action.owner
-        if action.reason is not Refusal.UNGUARDED:
+        if action.reason is not lending.Refusal.UNGUARDED:
             log.info("owner %s is idle but not lent (%s)", owner, action.reason.value)
             return
-        why = self._unguarded_why(owner)
+        why = self.guards.why_uncovered(self._pods.get(owner.pod_ref))
         lent = self._owners.get(owner)
         ending = lent is not None and lent.state is LendState.EVICTING
         message = (
@@ -431,14 +372,6 @@ class Solver:
         )
         log.warning("%s", message)
         effects.events.append(("OwnerUnguarded", message))
-
-    def _unguarded_why(self, owner: ContainerRef) -> str:
-        if self.guard is None or not self.guard.available:
-            return "is not available on this node"
-        pod = self._pods.get(owner.pod_ref)
-        if pod is not None and pod.annotations.get(keys.GUARD) == "disabled":
-            return f"is opted out ({keys.GUARD}: disabled)"
-        return f"holds no notify fd of it (rule not injected, see {keys.GUARD_SKIPPED} in its spec, or the fd was lost)"
 
     def _flush_locked(self, effects: _Effects) -> None:
         if effects.publish:
@@ -457,29 +390,6 @@ class Solver:
                 log.info("node event %s not recorded: %s", reason, exc)
         effects.events.clear()
 
-    def _arm(self, owner: ContainerRef) -> bool:
-        if self.guard is None or not self.guard.available:
-            return True
-        try:
-            self.guard.arm(owner)
-        except Exception as exc:
-            log.error("arming the guard for %s failed; not lending: %s", owner, exc)
-            self.metrics.detector_errors.labels(kind="guard_arm").inc()
-            return False
-        log.info("guard armed for %s", owner)
-        return True
-
-    def _disarm(self, owner: ContainerRef) -> None:
-        if self.guard is None or not self.guard.available:
-            return
-        try:
-            self.guard.disarm(owner)
-        except Exception as exc:  # the guard fails open by itself after its timeout
-            log.error("disarming the guard for %s failed: %s", owner, exc)
-            self.metrics.detector_errors.labels(kind="guard_disarm").inc()
-            return
-        log.info("guard disarmed for %s", owner)
-
     # -- detection -----------------------------------------------------------------------------
     def watched_owners(self) -> list[WatchedOwner]:
         """Owners the detector judges now (not ShadowPods, not being evicted)."""
@@ -490,7 +400,7 @@ class Solver:
                 if s.state is not LendState.EVICTING
             ]
 
-    def observe(self, samples: Mapping[ContainerRef, ActivitySample]) -> list[Action]:
+    def observe(self, samples: Mapping[ContainerRef, lending.ActivitySample]) -> list[Action]:
         """Feed one detection round; lend or evict as the state machine decides. Returns the
         loans and evictions it started (:class:`~spotgpu.core.lending.Lent`, ``Evict``)."""
         effects = _Effects()
@@ -503,18 +413,18 @@ class Solver:
                     state.state is LendState.ACTIVE and sample.utilization_active is None
                 ):
                     self.metrics.detector_errors.labels(kind="unknown_sample").inc()
-                self._feed(state, Sample(sample, self._covered(owner)), sample.at, effects)
+                self._feed(state, lending.Sample(sample, self.guards.covers(owner)), sample.at, effects)
             self._flush_locked(effects)
             self._count_unguarded()
         self._after(effects)
-        if any(isinstance(a, Lent) for a in effects.reports):
+        if any(isinstance(a, lending.Lent) for a in effects.reports):
             self.annotate()
         for evict in effects.evicts:
             self._owner_eviction(evict)
         return effects.reports
 
     def _count_unguarded(self) -> None:
-        unguarded = sum(1 for s in self._owners.values() if s.poll_only or s.refused is Refusal.UNGUARDED)
+        unguarded = sum(1 for s in self._owners.values() if s.poll_only or s.refused is lending.Refusal.UNGUARDED)
         self.metrics.owners_unguarded.set(unguarded)
 
     def owner_back(self, owner: ContainerRef) -> EvictionOutcome | None:
@@ -526,16 +436,16 @@ class Solver:
             if state is None or state.state is LendState.ACTIVE:
                 log.info("guard: owner %s is back but nothing is lent; releasing its call", owner)
             if state is None:
-                self._disarm(owner)
+                self.guards.disarm(owner)
                 return None
-            self._feed(state, GuardSignal(), now, effects)
+            self._feed(state, lending.GuardSignal(), now, effects)
             self._flush_locked(effects)  # twins Unhealthy first: no new spot container gets these GPUs now
         self._after(effects)
         if not effects.evicts:
             return None  # not lent, or an eviction is already running (it releases the guard when done)
         return self._owner_eviction(effects.evicts[0])
 
-    def _owner_eviction(self, evict: Evict) -> EvictionOutcome:
+    def _owner_eviction(self, evict: lending.Evict) -> EvictionOutcome:
         """Plan (from a fresh pod-resources read) and run an eviction the state machine started."""
         fresh = self._fresh_snapshot()
         with self.lock:
@@ -610,9 +520,9 @@ class Solver:
         with self.lock:
             state = self._owners.get(owner) if isinstance(owner, ContainerRef) else None
             if state is not None:
-                self._feed(state, EvictionDone(), self.clock.monotonic(), effects)
+                self._feed(state, lending.EvictionDone(), self.clock.monotonic(), effects)
             elif isinstance(owner, ContainerRef):
-                self._disarm(owner)
+                self.guards.disarm(owner)
             released_at = self.clock.monotonic()
             effects.publish = True
             self._flush_locked(effects)
@@ -639,12 +549,7 @@ class Solver:
         """Per real device of a lent owner, its owner's predicted idle remainder now."""
         now = self.clock.monotonic()
         with self.lock:
-            out = {}
-            for state in self._owners.values():
-                forecast = idle_forecast(state, now, self._rules)
-                if forecast is not None:
-                    out.update(dict.fromkeys(state.devices, forecast))
-            return out
+            return lending.node_forecasts(self._owners.values(), now, self._rules)
 
     def annotate(self) -> None:
         """Patch the node annotations when the per-device state or the forecast changed (best effort)."""
@@ -668,98 +573,6 @@ class Solver:
             used = sum(1 for _, (_, users) in device_index(self.mapping.snapshot()).items() if users)
         self.metrics.lent_gpu_seconds.inc(dt * lent)
         self.metrics.spot_gpu_seconds.inc(dt * used)
-
-    # -- the allocator's host ------------------------------------------------------------------------
-    def devices_locked(self) -> tuple[GpuDevice, ...]:
-        return self._devices
-
-    def health_locked(self) -> Mapping[DeviceID, Health]:
-        return self.publisher.health
-
-    def pods_now(self) -> list[PodInfo]:
-        if self.live_pods is not None:
-            return list(self.live_pods())
-        with self.lock:
-            return list(self._pods.values())
-
-    def await_pods_for(self, ready: Callable[[Sequence[PodInfo]], bool], timeout: float) -> list[PodInfo] | None:
-        return None if self.await_pods is None else list(self.await_pods(ready, timeout))
-
-    def refresh_for_allocate(self) -> bool:
-        if self.refresh_hook is None:
-            return False
-        self.refresh_hook()
-        return True
-
-    # -- device plugin and runtime lookups --------------------------------------------------------
-    @property
-    def resources(self) -> tuple[ResourceName, ...]:
-        """The served resources; the first is the spot resource."""
-        return self.allocator.resources
-
-    def prefer(
-        self, resource: ResourceName, available: Sequence[str], must_include: Sequence[str], size: int
-    ) -> list[str]:
-        """The device plugin's GetPreferredAllocation answer (:meth:`Allocator.prefer`)."""
-        return self.allocator.prefer(resource, available, must_include, size)
-
-    def allocate(self, twins: Sequence[str], resource: ResourceName | None = None) -> dict[str, str]:
-        """The device plugin's Allocate answer for one container of ``resource`` (default: the
-        spot resource): the ``container-devices-from`` annotation naming the owner of the real
-        GPUs behind ``twins`` (:func:`~spotgpu.agent.model.allocate_annotations`), after the
-        kind rule (:func:`~spotgpu.agent.steer.check_kinds`). The twins are recorded as granted
-        (their GPUs' other kind turns Unhealthy at once) to the pod being admitted; when that
-        pod was assigned other GPUs, the mismatch is logged and counted, and the answer still
-        names the GPUs behind ``twins``.
-
-        Raises :class:`~spotgpu.agent.model.AllocateRefused` for a twin we cannot give."""
-        resource = resource or self.allocator.resources[0]
-        try:
-            annotations = self.allocator.allocate(resource, twins)
-        except AllocateRefused:
-            self.metrics.allocations.labels(resource=resource, result="refused").inc()
-            raise
-        if self.on_allocate is not None:
-            self.on_allocate()
-        return annotations
-
-    def owner_of(self, device: str) -> Owner | None:
-        """The recorded owner of real ``device`` (for spotgpu-runtime's source check)."""
-        return self.mapping.get_device_owner(device)
-
-    def lendable(self, device: str) -> bool | None:
-        """True when real ``device``'s twin is Healthy now (spot work may use it), False when it
-        is not (owner active or being evicted, GPU failed), None for a device we do not serve."""
-        with self.lock:
-            health = self.publisher.health.get(DeviceID(device))
-        return None if health is None else health is Health.HEALTHY
-
-    def twin_health(self) -> dict[DeviceID, Health]:
-        """``{twin: health}`` of every served twin as last published (exclusive twins and
-        shared replicas have distinct IDs)."""
-        with self.lock:
-            return {twin: h for table in self.publisher.twin_health.values() for twin, h in table.items()}
-
-    def twin_health_of(self, resource: ResourceName) -> dict[DeviceID, Health]:
-        with self.lock:
-            return dict(self.publisher.twin_health.get(resource, {}))
-
-    def grants(self) -> list[Grant]:
-        """Allocations pod-resources does not report yet."""
-        return self.allocator.grants()
-
-    def state(self) -> SolverState:
-        with self.lock:
-            return SolverState({o: s.state for o, s in self._owners.items()}, dict(self.publisher.health))
-
-    def lending(self) -> dict[ContainerRef, OwnerLending]:
-        """Every owner's state-machine state (read-only copies; for ``/debug/state`` and tests)."""
-        with self.lock:
-            return dict(self._owners)
-
-    def devices(self) -> tuple[GpuDevice, ...]:
-        with self.lock:
-            return self._devices
 
 
 __all__ = ["EvictionOutcome", "Grant", "PublishFn", "Solver", "SolverSettings", "SolverState"]

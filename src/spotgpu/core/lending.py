@@ -41,7 +41,7 @@ owner's return.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Final
@@ -468,6 +468,16 @@ def idle_forecast(s: OwnerLending, now: float, rules: LendRules) -> IdleForecast
     return IdleForecast(_floor_step(f.expected), _floor_step(f.p20))
 
 
+def node_forecasts(states: Iterable[OwnerLending], now: float, rules: LendRules) -> dict[DeviceID, IdleForecast]:
+    """Per real device of a lent owner among ``states``, its owner's :func:`idle_forecast`."""
+    out: dict[DeviceID, IdleForecast] = {}
+    for s in states:
+        forecast = idle_forecast(s, now, rules)
+        if forecast is not None:
+            out.update(dict.fromkeys(s.devices, forecast))
+    return out
+
+
 __all__ = [
     "FORECAST_STEP",
     "Action",
@@ -500,5 +510,6 @@ __all__ = [
     "idle_forecast",
     "judge_at",
     "new_owner",
+    "node_forecasts",
     "transition",
 ]
