@@ -3,7 +3,7 @@
 Packages (see docs/architecture.md):
 
 * :mod:`spotgpu.core`: the shared model (IDs, references, the device-sync annotation codec,
-  MappingCache, lending events and detector, configuration). Pure.
+  MappingCache, the lending state machine and owner-return model, configuration). Pure.
 * :mod:`spotgpu.scheduler`: gang scheduling with the spot plugin. Pure decision core.
 * :mod:`spotgpu.agent`: the node agent (device plugin, detection, lending, eviction).
 * :mod:`spotgpu.guard`: the return guard (seccomp user notification).

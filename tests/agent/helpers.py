@@ -21,7 +21,7 @@ from spotgpu.agent.ports import ContainerInfo, PodEvent, PodEventType, PodInfo
 from spotgpu.agent.service import Agent, RuntimeServiceFactory
 from spotgpu.core import keys
 from spotgpu.core.clock import ManualClock
-from spotgpu.core.config import AgentConfig, Seconds
+from spotgpu.core.config import AgentConfig, LendingConfig, Seconds
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, DeviceID, NodeName, to_spot_id
 from spotgpu.core.refs import ContainerRef, PodRef
 
@@ -118,6 +118,7 @@ def make_rig(
     store: LendStore | None = None,
     runtime_service: RuntimeServiceFactory | None = None,
     owner_record: Path | None = None,
+    lending: LendingConfig | None = None,
 ) -> Rig:
     devices = fake_devices(gpus)
     clock = ManualClock(start=1000.0)
@@ -138,6 +139,7 @@ def make_rig(
         runtime_socket=tmp_path / "agent.sock",
         twin_replicas=replicas,
         shared_replicas=shared,
+        lending=lending or LendingConfig(),
     )
     agent = Agent(
         config,

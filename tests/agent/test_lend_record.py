@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from spotgpu.adapters.agent_state import LendStateFile, decode, encode
 from spotgpu.agent.fakes import FakeLendStore
 from spotgpu.agent.model import LendState
-from spotgpu.agent.node_ports import LentOwner
+from spotgpu.agent.node_ports import LearnedOwner, LentOwner
 from spotgpu.agent.ports import PodEvent, PodEventType
 from spotgpu.core.errors import ValidationError
 from spotgpu.core.ids import DeviceID
@@ -64,6 +65,8 @@ def test_file_round_trip_is_atomic_and_private(tmp_path: Path) -> None:
     [
         "not json",
         '{"version": 2, "lent": []}',
+        '{"version": 3, "lent": []}',
+        '{"version": 2, "lent": [], "owners": {"dev/p/c": {"idle": [1, 2]}}}',
         '{"version": 1, "lent": [{"owner": "no-namespace", "devices": ["GPU-0"], "since": 1}]}',
         '{"version": 1, "lent": [{"owner": "dev/p/c", "devices": [], "since": 1}]}',
         '{"version": 1, "lent": [{"owner": "dev/p/c", "devices": ["GPU-0"], "since": "yesterday"}]}',
@@ -116,9 +119,9 @@ def test_lending_writes_the_record_before_the_twins_turn_healthy(tmp_path: Path)
     healthy_when_saved: list[bool] = []
     real_save = store.save
 
-    def save(lent: list[LentOwner]) -> None:
+    def save(lent: list[LentOwner], learned: Mapping[ContainerRef, LearnedOwner] | None = None) -> None:
         healthy_when_saved.append(rig.agent.solver.lendable(rig.d[0]) is True)
-        real_save(lent)
+        real_save(lent, learned)
 
     store.save = save  # type: ignore[method-assign]
     lend(rig)
@@ -213,3 +216,51 @@ def test_record_written_by_the_real_file_adapter_brings_the_loan_back(tmp_path: 
     rig.agent.stop()
     again = make_rig(tmp_path, store=LendStateFile(path))
     assert again.agent.solver.state().lend_states[OWNER] is LendState.LENT
+
+
+# --- what the owners taught the lending model -----------------------------------------------------
+
+
+def lend_and_return(rig: Rig, idle: float) -> None:
+    """Lent after maxInactiveTime, back (guard) ``idle`` seconds after its last activity."""
+    lend(rig)
+    rig.clock.advance(idle - 61)
+    rig.guard.owner_back(OWNER)
+    assert rig.agent.solver.state().lend_states[OWNER] is LendState.ACTIVE
+
+
+def test_what_an_owner_taught_the_model_survives_a_restart(tmp_path: Path) -> None:
+    for store in (FakeLendStore(), LendStateFile(tmp_path / "run" / "agent-state.json")):
+        rig = make_rig(tmp_path, store=store)
+        lend_and_return(rig, idle=300)  # a quick return: a strike too
+        learned = rig.agent.solver.lending_states()[OWNER]
+        assert learned.history.observed == 1 and learned.backoff.strikes == 1
+        rig.agent.stop()
+        again = make_rig(tmp_path, store=store)
+        after = again.agent.solver.lending_states()[OWNER]
+        assert after.history == learned.history
+        assert after.backoff.strikes == learned.backoff.strikes
+        assert abs(after.backoff.at - learned.backoff.at) < 1e-6  # same clock origin in these tests
+        again.agent.stop()
+
+
+def test_a_version_1_record_still_brings_its_loan_back(tmp_path: Path) -> None:
+    path = tmp_path / "agent-state.json"
+    rig = make_rig(tmp_path, start=False)
+    owner = {"owner": OWNER.format(), "devices": [rig.d[0], rig.d[1]], "containerId": "owner-cid", "since": 1.0}
+    path.write_text(json.dumps({"version": 1, "lent": [owner]}))
+    again = make_rig(tmp_path, store=LendStateFile(path))
+    assert again.agent.solver.state().lend_states[OWNER] is LendState.LENT
+    assert again.agent.solver.lending_states()[OWNER].history.empty
+
+
+def test_the_record_stays_small_however_long_the_history(tmp_path: Path) -> None:
+    path = tmp_path / "agent-state.json"
+    rig = make_rig(tmp_path, store=LendStateFile(path))
+    sizes = []
+    for _ in range(40):
+        lend_and_return(rig, idle=900)
+        rig.cycle(1)
+        sizes.append(path.stat().st_size)
+    assert rig.agent.solver.lending_states()[OWNER].history.observed == 40
+    assert max(sizes) < 2500 and sizes[-1] <= sizes[5] + 20  # bounded: the same 32 numbers per owner

@@ -14,6 +14,7 @@ from pathlib import Path
 from spotgpu.agent.fakes import FakeGuard
 from spotgpu.agent.model import LendState
 from spotgpu.core import keys
+from spotgpu.core.config import LendingConfig, UnguardedPolicy
 from spotgpu.core.refs import PodRef
 from spotgpu.core.types import EvictionReason, Health
 
@@ -161,7 +162,10 @@ def test_arm_failure_means_no_lending(tmp_path: Path) -> None:
 
 
 def test_guard_unavailable_still_lends_with_polling(tmp_path: Path) -> None:
-    rig = make_rig(tmp_path, guard=FakeGuard(available=False))
+    """Only with the explicit poll-only policy (the default refuses: test_unguarded.py)."""
+    rig = make_rig(
+        tmp_path, guard=FakeGuard(available=False), lending=LendingConfig(unguarded_policy=UnguardedPolicy.POLL_ONLY)
+    )
     lend(rig)
     assert rig.guard.calls == []
 

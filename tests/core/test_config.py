@@ -126,6 +126,13 @@ def test_defaults_from_an_empty_file(tmp_path: Path) -> None:
         ("agent: {containerdNamespace: 3}", "agent.containerdNamespace: expected a string, got 3"),
         ("agent: {devicePluginDir: null}", "agent.devicePluginDir: must not be null"),
         ("agent: {", "not valid YAML"),
+        (
+            "agent: {lending: {unguardedPolicy: maybe}}",
+            "agent.lending.unguardedPolicy: 'maybe' is not one of 'refuse', 'pollOnly'",
+        ),
+        ("agent: {lending: {policy: magic}}", "agent.lending.policy: 'magic' is not one of 'timer', 'predictive'"),
+        ("agent: {lending: {predictive: {priorWeight: 0}}}", "agent.lending.predictive: priorWeight: must be within"),
+        ("agent: {lending: {predictive: {minExpectedIdle: soon}}}", "agent.lending.predictive.minExpectedIdle:"),
     ],
 )
 def test_errors_name_the_key(tmp_path: Path, yaml_text: str, message: str) -> None:

@@ -80,6 +80,18 @@ def test_delete_pod_marks_disruption_target_then_deletes(api: KubeApiServer, por
     port.delete_pod(PodRef("team", "spot-1"), reason=EvictionReason.OWNER_BACK, message="again")  # gone: success
 
 
+def test_record_node_event_writes_a_warning_about_the_node(api: KubeApiServer, port: KubeAgentPort) -> None:
+    port.record_node_event(NODE, reason="OwnerUnguarded", message="team/dev/main: not lent")
+    port.record_node_event(NODE, reason="OwnerUnguarded", message="team/dev/main: not lent")  # deduplicated
+    (event,) = api.objects("", "events", "default")
+    assert (event["reason"], event["type"], event["message"]) == (
+        "OwnerUnguarded",
+        "Warning",
+        "team/dev/main: not lent",
+    )
+    assert (event["involvedObject"]["kind"], event["involvedObject"]["name"]) == ("Node", NODE)
+
+
 def test_list_node_pods_selects_by_node(api: KubeApiServer, port: KubeAgentPort) -> None:
     api.put(pod("owner", gpus=2))
     api.put(pod("elsewhere", node="gpu-2"))

@@ -47,7 +47,14 @@ def test_default_scenario_loads_and_builds() -> None:
     s = default_scenario()
     assert s.name == "default"
     assert s.cluster.nodes == 64
-    assert [p.name for p in s.policies] == ["baseline", "lowpower-2m", "lowpower-10m", "lowpower-30m", "idle-10m"]
+    assert [p.name for p in s.policies] == [
+        "baseline",
+        "lowpower-2m",
+        "lowpower-10m",
+        "lowpower-30m",
+        "idle-10m",
+        "predictive-2m",
+    ]
     w = build_workload(s)
     summary = scenario_summary(s, w)
     assert summary["owner_gpus"] == 384 and summary["unallocated_gpus"] == 128

@@ -24,6 +24,10 @@ Metric names (all prefixed ``spotgpu_agent_``):
   ``task_stop_failures_total``, ``pod_delete_failures_total``, ``detect_cycle_seconds``;
 * ``runtime_answers_total{answer,reason}``: spotgpu-runtime's service answers (``unchanged``,
   ``modified``, ``refused``, ``retry``; refusals by reason), read from its engine at scrape time;
+* lending (``spotgpu.core.lending``): ``not_lent_total{reason}`` (idle owners not lent, once
+  per idle period: ``unguarded`` no guard coverage, ``forecast`` expected idle remainder too
+  short, ``backoff`` recent loans ended quickly), ``owners_unguarded`` (owners without guard
+  coverage that are refused or lent poll-only now);
 * steering (``spotgpu.agent.steer``): ``preferred_allocations_total{resource,result}``
   (``steered`` to the scheduler's GPUs, or ``fallback``), ``allocations_total{resource,result}``
   (``assigned``, ``mismatch``: the kubelet chose other GPUs than the scheduler, ``unassigned``:
@@ -118,6 +122,17 @@ class AgentMetrics:
             "spotgpu_agent_allocation_mismatches_total",
             "Spot containers pod-resources shows on GPUs other than the scheduler assigned",
             ["resource"],
+            registry=r,
+        )
+        self.not_lent = Counter(
+            "spotgpu_agent_not_lent_total",
+            "Idle owners not lent (once per idle period and reason): unguarded, forecast, backoff",
+            ["reason"],
+            registry=r,
+        )
+        self.owners_unguarded = Gauge(
+            "spotgpu_agent_owners_unguarded",
+            "Owners the return guard does not cover now that are idle and refused, or lent poll-only",
             registry=r,
         )
         self._server: ThreadingHTTPServer | None = None

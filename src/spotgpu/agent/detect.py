@@ -10,7 +10,7 @@ Rules:
 * ``owner_process_active``: a process attributed to the owner's container runs on one of the
   owner's GPUs; unknown when the GPU process list could not be read.
 
-While lent, :class:`~spotgpu.core.lending.LowpowerDetector` ignores utilization (it is the
+While lent, the lending state machine (:mod:`spotgpu.core.lending`) ignores utilization (it is the
 spot work's) and judges by ``owner_process_active`` only.
 """
 

@@ -20,6 +20,7 @@ from spotgpu.agent.node_ports import (
     AllocatedDevices,
     GpuDevice,
     GpuProcess,
+    LearnedOwner,
     LentOwner,
     RuntimeContainer,
     TaskState,
@@ -52,6 +53,8 @@ class FakeKube:
         self.fail_deletes = 0
         """The next N delete calls raise TemporaryError."""
         self.fail_patches = 0
+        self.node_events: list[tuple[NodeName, str, str]] = []
+        """``(node, reason, message)`` of every node event recorded."""
         self._events: list[PodEvent] = []
 
     def add_pod(self, pod: PodInfo) -> None:
@@ -73,6 +76,10 @@ class FakeKube:
                     current.pop(key, None)
                 else:
                     current[key] = value
+
+    def record_node_event(self, node: NodeName, *, reason: str, message: str) -> None:
+        with self._lock:
+            self.node_events.append((node, reason, message))
 
     def delete_pod(self, pod: PodRef, *, reason: EvictionReason, message: str, grace_seconds: int = 0) -> None:
         with self._lock:
@@ -117,6 +124,8 @@ class FakeGuard:
         self.calls: list[tuple[str, ContainerRef]] = []
         self.handler: OwnerBackHandler | None = None
         self.fail_arm = False
+        self.uncovered: set[ContainerRef] = set()
+        """Owners whose notify fd this guard does not hold (every other owner is covered)."""
 
     @property
     def available(self) -> bool:
@@ -137,6 +146,10 @@ class FakeGuard:
     def is_armed(self, owner: ContainerRef) -> bool:
         with self._lock:
             return owner in self.armed
+
+    def covers(self, owner: ContainerRef) -> bool:
+        with self._lock:
+            return self._available and owner not in self.uncovered
 
     def owner_back(self, owner: ContainerRef) -> None:
         """What the real guard does when it holds an armed owner's call: call the handler."""
@@ -215,9 +228,12 @@ class FakePodResources:
 class FakeLendStore:
     """A :class:`~spotgpu.agent.node_ports.LendStore` in memory; ``saves`` records every write."""
 
-    def __init__(self, lent: Sequence[LentOwner] = ()) -> None:
+    def __init__(
+        self, lent: Sequence[LentOwner] = (), learned: Mapping[ContainerRef, LearnedOwner] | None = None
+    ) -> None:
         self._lock = threading.Lock()
         self.lent = list(lent)
+        self.learned = dict(learned or {})
         self.saves: list[list[LentOwner]] = []
         self.fail_saves = 0
 
@@ -225,12 +241,17 @@ class FakeLendStore:
         with self._lock:
             return list(self.lent)
 
-    def save(self, lent: Sequence[LentOwner]) -> None:
+    def load_learned(self) -> dict[ContainerRef, LearnedOwner]:
+        with self._lock:
+            return dict(self.learned)
+
+    def save(self, lent: Sequence[LentOwner], learned: Mapping[ContainerRef, LearnedOwner] | None = None) -> None:
         with self._lock:
             if self.fail_saves > 0:
                 self.fail_saves -= 1
                 raise TemporaryError("lending record: read-only file system (injected)")
             self.lent = list(lent)
+            self.learned = dict(learned or {})
             self.saves.append(list(lent))
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 from spotgpu.agent.node_ports import AllocatedDevices, GpuDevice, RuntimeContainer
 from spotgpu.agent.ports import PodInfo
@@ -42,24 +41,10 @@ from spotgpu.core.ids import (
     to_spot_id,
     validate_device_id,
 )
+from spotgpu.core.lending import LendState
 from spotgpu.core.mapping_cache import IDLE_SPACE, DeviceEntry, MappingSnapshot, Owner, OwnerEntry
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import EvictionReason, Health, OwnerState, PodDeviceType
-
-
-class LendState(StrEnum):
-    """The solver's view of one owner container."""
-
-    ACTIVE = "active"
-    """Using its GPUs (or not yet judged idle): twins Unhealthy, nothing lent."""
-    LENT = "lent"
-    """Idle for maxInactiveTime: twins Healthy, guard armed, spot work may run."""
-    EVICTING = "evicting"
-    """Back: twins Unhealthy, spot work being stopped; the guard holds the owner's call."""
-
-    @property
-    def owner_state(self) -> OwnerState:
-        return OwnerState.IDLE if self is LendState.LENT else OwnerState.ACTIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,16 +188,6 @@ class EvictionPlan:
     @property
     def container_ids(self) -> tuple[str, ...]:
         return tuple(sorted({c for v in self.victims for c in v.container_ids}))
-
-
-@dataclass(frozen=True, slots=True)
-class LendPlan:
-    """Lend ``owner``'s ``devices``: arm the guard, then make their twins Healthy."""
-
-    owner: ContainerRef
-    devices: tuple[DeviceID, ...]
-    at: float
-    idle_since: float
 
 
 def runtime_container_ids(pod: PodRef, runtime: Iterable[RuntimeContainer]) -> tuple[str, ...]:
@@ -404,7 +379,6 @@ def twin_ids(
 __all__ = [
     "AllocateRefused",
     "EvictionPlan",
-    "LendPlan",
     "LendState",
     "MappingBuild",
     "TwinView",

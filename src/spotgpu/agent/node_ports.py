@@ -13,7 +13,8 @@ Protocols and plain data only; no side effects here. Implementations:
   pod-resources v1, the same client spotgpu-runtime's service uses) and
   :class:`spotgpu.agent.fakes.FakePodResources`.
 * :class:`LendStore`: :class:`spotgpu.adapters.agent_state.LendStateFile` (which owners are
-  lent, kept across agent restarts) and :class:`spotgpu.agent.fakes.FakeLendStore`.
+  lent and what they taught the lending model, kept across agent restarts) and
+  :class:`spotgpu.agent.fakes.FakeLendStore`.
 * :class:`UtilizationReader`: the GPU backend's own utilization (NVML) or a vendor exporter
   scraped over HTTP (:mod:`spotgpu.adapters.exporters`).
 
@@ -29,8 +30,9 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from spotgpu.core.allocations import AllocatedDevices  # re-exported: its home is the core (no adapter -> agent import)
-from spotgpu.core.ids import DeviceID
-from spotgpu.core.refs import ContainerRef
+from spotgpu.core.idle_forecast import EMPTY_HISTORY, NO_BACKOFF, Backoff, IdleHistory
+from spotgpu.core.ids import DeviceID, ResourceName
+from spotgpu.core.refs import ContainerRef, PodRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,15 +169,30 @@ class LentOwner:
     """Wall-clock (epoch) seconds when it was lent."""
 
 
+@dataclass(frozen=True, slots=True)
+class LearnedOwner:
+    """What an owner taught the lending model (:mod:`spotgpu.core.idle_forecast`), as recorded:
+    its idle history and its backoff (``backoff.at`` in wall-clock seconds)."""
+
+    history: IdleHistory = EMPTY_HISTORY
+    backoff: Backoff = NO_BACKOFF
+
+
 class LendStore(Protocol):
-    """Where the agent keeps which owners are lent, so a restart does not restart their idle clock."""
+    """Where the agent keeps which owners are lent and what each owner taught the lending model,
+    so a restart neither restarts their idle clock nor forgets their history."""
 
     def load(self) -> list[LentOwner]:
         """The owners recorded as lent; nothing (never an error) when there is no readable record."""
         ...
 
-    def save(self, lent: Sequence[LentOwner]) -> None:
-        """Replace the record atomically. Raises :class:`~spotgpu.core.errors.TemporaryError` on failure."""
+    def load_learned(self) -> dict[ContainerRef, LearnedOwner]:
+        """Every recorded owner's learned state; nothing (never an error) when there is no readable record."""
+        ...
+
+    def save(self, lent: Sequence[LentOwner], learned: Mapping[ContainerRef, LearnedOwner] | None = None) -> None:
+        """Replace the record atomically (``learned`` None: none). Raises
+        :class:`~spotgpu.core.errors.TemporaryError` on failure."""
         ...
 
 
@@ -184,6 +201,7 @@ __all__ = [
     "GpuBackend",
     "GpuDevice",
     "GpuProcess",
+    "LearnedOwner",
     "LendStore",
     "LentOwner",
     "PidAttributor",

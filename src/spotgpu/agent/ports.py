@@ -78,6 +78,11 @@ class KubePort(Protocol):
         """
         ...
 
+    def record_node_event(self, node: NodeName, *, reason: str, message: str) -> None:
+        """Record a Warning event about ``node`` (best effort: never raises; repeats within a
+        few minutes may be dropped)."""
+        ...
+
     def list_node_pods(self, node: NodeName) -> list[PodInfo]:
         """Every pod bound to ``node``."""
         ...

@@ -2,7 +2,7 @@
 watch, the guard, spotgpu-runtime's service, metrics and the state dump.
 
 Decides nothing itself (decisions: :mod:`spotgpu.agent.model`, :mod:`spotgpu.agent.detect`,
-:class:`~spotgpu.core.lending.LowpowerDetector`; execution: :mod:`spotgpu.agent.solver`).
+:mod:`spotgpu.core.lending`; coordination and execution: :mod:`spotgpu.agent.solver`).
 Side effects: threads (detection loop, pod watch), the device plugin's gRPC server, the
 runtime service's unix socket, the metrics HTTP server (``/metrics``, ``/debug/state``), the
 owner record file of the runtime's ``local`` fallback, and calls through the ports it is given.
@@ -72,7 +72,7 @@ from spotgpu.core.clock import Clock, SystemClock
 from spotgpu.core.config import AgentConfig
 from spotgpu.core.errors import SpotgpuError
 from spotgpu.core.ids import DeviceID, NodeName, ResourceName
-from spotgpu.core.lending import LendingEvent
+from spotgpu.core.lending import Action
 from spotgpu.core.mapping_cache import DeviceEntry, MappingSnapshot, Owner, OwnerEntry
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health
@@ -123,7 +123,8 @@ class BackendUtilization:
 class CycleReport:
     """What one detection cycle did (for tests and the benchmark)."""
 
-    events: tuple[LendingEvent, ...]
+    events: tuple[Action, ...]
+    """The loans and evictions the cycle started."""
     cpu_seconds: float
     wall_seconds: float
 
@@ -177,6 +178,7 @@ class Agent:
                 gpu_resource=config.gpu_resource,
                 spot_resource=config.spot_resource,
                 max_inactive_time=config.max_inactive_time,
+                lending=config.lending,
                 sigterm_grace=config.sigterm_grace,
                 stop_timeout=config.eviction_timeout,
                 twin_replicas=config.twin_replicas,
@@ -206,7 +208,7 @@ class Agent:
                     resource,
                     partial(self._allocate, resource),
                     socket_name=sockets[resource],
-                    preferred=partial(self.solver.prefer, resource),
+                    preferred=partial(self.solver.allocator.prefer, resource),
                 )
         self._refresh_wanted = threading.Event()
         self._runtime_factory = runtime_service
@@ -241,7 +243,7 @@ class Agent:
             plugin.set_devices([TwinDevice(t, h, n) for t, h, n in twins])
 
     def _allocate(self, resource: ResourceName, twins: Sequence[str]) -> dict[str, str]:
-        return self.solver.allocate(twins, resource)
+        return self.solver.allocator.allocate(resource, twins)
 
     def _live_pods(self) -> list[PodInfo]:
         """This node's pods in binding order (the dict keeps first-seen order)."""
@@ -554,12 +556,11 @@ class Agent:
         state = self.solver.state()
         guard: dict[str, Any] | None = None
         if self.guard is not None:
-            covers = getattr(self.guard, "covers", None)
             guard = {
                 "available": self.guard.available,
                 "attached": bool(getattr(self.guard, "attached", False)),
                 "armed": sorted(o.format() for o in state.lend_states if self.guard.is_armed(o)),
-                "covers": sorted(o.format() for o in state.lend_states if covers is not None and covers(o)),
+                "covers": sorted(o.format() for o in state.lend_states if self.guard.covers(o)),
             }
         service = self.runtime_service
         with self._evictions_lock:
@@ -569,6 +570,9 @@ class Agent:
             "recovered": self._recovered,
             "mapping": self.solver.mapping.snapshot().to_json(),
             "owners": {o.format(): s.value for o, s in sorted(state.lend_states.items())},
+            "forecast": {
+                d: {"expected": f.expected, "p20": f.p20} for d, f in sorted(self.solver.idle_forecasts().items())
+            },
             "twins": {t: h.value for t, h in sorted(self.solver.twin_health().items())},
             "grants": [
                 {"resource": g.resource, "twin": g.twin, "pod": g.pod.format() if g.pod else None}

@@ -8,7 +8,7 @@ Used alike by the scheduler, the agent, spotgpu-runtime and the simulator. Modul
 * :mod:`~spotgpu.core.codec`: the ``container-devices-from`` annotation codec.
 * :mod:`~spotgpu.core.types`: enums and small value types.
 * :mod:`~spotgpu.core.mapping_cache`: owner -> device -> spot users.
-* :mod:`~spotgpu.core.lending`: lending events and the lowpower detector.
+* :mod:`~spotgpu.core.lending`: the lending state machine; :mod:`~spotgpu.core.idle_forecast`: the owner-return model.
 * :mod:`~spotgpu.core.config`: typed configuration loaded from YAML.
 * :mod:`~spotgpu.core.clock`, :mod:`~spotgpu.core.registry`, :mod:`~spotgpu.core.errors`.
 

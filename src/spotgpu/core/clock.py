@@ -33,6 +33,26 @@ class SystemClock:
         return time.time()
 
 
+@runtime_checkable
+class Timer(Protocol):
+    """Real elapsed time and waiting, for retry budgets against other processes (the API
+    server): unlike a :class:`Clock` it is never simulated, since what it bounds is not."""
+
+    def monotonic(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class SystemTimer:
+    """The real :class:`Timer`."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
 class ManualClock:
     """A clock that only moves when told to; thread-safe. ``time()`` = ``epoch + monotonic()``."""
 
@@ -63,4 +83,4 @@ class ManualClock:
             self._now = now
 
 
-__all__ = ["Clock", "ManualClock", "SystemClock"]
+__all__ = ["Clock", "ManualClock", "SystemClock", "SystemTimer", "Timer"]

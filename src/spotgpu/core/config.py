@@ -302,6 +302,73 @@ class GuardConfig:
             raise ConfigError("guard.handoverTimeout: must be greater than zero")
 
 
+class LendPolicyKind(enum.StrEnum):
+    """When an idle owner's GPUs are lent (:mod:`spotgpu.core.lending`)."""
+
+    TIMER = "timer"
+    """After ``maxInactiveTime`` without activity (the fixed timer)."""
+    PREDICTIVE = "predictive"
+    """After ``maxInactiveTime``, and only when the owner's learned idle durations promise at
+    least ``predictive.minExpectedIdle`` more idle time; owners whose loans ended quickly are
+    backed off."""
+
+
+class UnguardedPolicy(enum.StrEnum):
+    """What to do with an owner the return guard does not cover (no notify fd of it held)."""
+
+    REFUSE = "refuse"
+    """Never lend it; a loan whose coverage is lost ends (its spot work is evicted)."""
+    POLL_ONLY = "pollOnly"
+    """Lend it anyway; its return is caught by polling only (see docs/agent.md for the exposure)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PredictiveConfig:
+    """The owner-return model (:mod:`spotgpu.core.idle_forecast`) and the predictive policy's
+    thresholds. The model learns under every policy (the node's idle forecast comes from it);
+    ``minExpectedIdle`` and the backoff only gate lending under the ``predictive`` policy."""
+
+    min_expected_idle: Seconds = Seconds(1800.0)
+    """Lend only when the expected rest of the current idle period is at least this long."""
+    min_likely_idle: Seconds = Seconds(1200.0)
+    """... and when 80% of such idle periods last at least this much longer (the forecast's
+    ``p20``); 0: no such condition. The mean is dominated by long idle periods (nights), this
+    quantile by the common short ones."""
+    prior_mean: Seconds = Seconds(7200.0)
+    """Mean idle duration of the prior (exponential) a new owner starts from."""
+    prior_weight: float = 1.0
+    """How many observed idle periods the prior counts as."""
+    memory: float = 20.0
+    """Idle periods the model remembers: each new one scales the older ones by ``1 - 1/memory``."""
+    quick_return: Seconds = Seconds(600.0)
+    """A loan that ended sooner than this counts as a strike against the owner."""
+    backoff_step: Seconds = Seconds(600.0)
+    """Extra idle time required per strike before the owner is lent again."""
+    backoff_max: Seconds = Seconds(7200.0)
+    """Cap on the extra idle time the strikes require."""
+    backoff_half_life: Seconds = Seconds(21600.0)
+    """Strikes halve after this long (and at every loan that lasted ``quickReturn`` or longer)."""
+
+    def __post_init__(self) -> None:
+        if self.prior_mean <= 0:
+            raise ConfigError("priorMean: must be greater than zero")
+        if not 0 < self.prior_weight <= 1000:
+            raise ConfigError(f"priorWeight: must be within (0, 1000], got {self.prior_weight}")
+        if not 1 <= self.memory <= 10_000:
+            raise ConfigError(f"memory: must be within 1..10000 idle periods, got {self.memory}")
+        if self.backoff_half_life <= 0:
+            raise ConfigError("backoffHalfLife: must be greater than zero")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LendingConfig:
+    """``agent.lending``: the lending policy (docs/agent.md, "The lending state machine")."""
+
+    policy: LendPolicyKind = LendPolicyKind.TIMER
+    unguarded_policy: UnguardedPolicy = UnguardedPolicy.REFUSE
+    predictive: PredictiveConfig = dataclasses.field(default_factory=PredictiveConfig)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class AgentConfig:
     """``spotgpu agent --config FILE`` (section ``agent``). Defaults suit a stock kubelet node."""
@@ -340,6 +407,8 @@ class AgentConfig:
     """Shared spot: N > 0 also serves ``<spotResource>-shared`` (``platform/spot-gpu-shared``)
     with replicas ``spot-<id>::0`` .. ``::N-1`` per GPU, one per shared spot container, beside the
     exclusive twins; a GPU is lent to one kind at a time. 0: not served."""
+    lending: LendingConfig = dataclasses.field(default_factory=LendingConfig)
+    """When idle owners are lent, the owner-return model, and unguarded owners (``lending``)."""
     state_file: Path | None = Path("/run/spotgpu/agent-state.json")
     """Which owners are lent, kept across agent restarts (a tmpfs path: a node reboot forgets it);
     ``null`` keeps no file (a restarted agent then re-lends only owners whose GPUs carry spot users)."""
@@ -397,7 +466,11 @@ __all__ = [
     "GpuBackendKind",
     "ExporterEndpoint",
     "GuardConfig",
+    "LendPolicyKind",
+    "LendingConfig",
+    "PredictiveConfig",
     "Seconds",
+    "UnguardedPolicy",
     "UtilizationSource",
     "camel",
     "from_mapping",

@@ -44,6 +44,12 @@ NODE_SPOT_GPU_STATE: Final = "spotgpu.io/spot-gpu-state"
 its spot pods (``pods``, as pod-resources reports them) and shared replicas per GPU
 (``replicas``). Format: :func:`spotgpu.agent.model.node_state_annotation`."""
 
+NODE_IDLE_FORECAST: Final = "spotgpu.io/idle-forecast"
+"""Written by the agent with :data:`NODE_SPOT_GPU_STATE`: for each *lent* GPU's twin, the
+predicted rest of its owner's idle period in whole seconds, ``{"spot-GPU-x": {"expected": 5400,
+"p20": 1200}}`` (``p20``: 80% of such idle periods last at least that much longer); ``{}`` when
+nothing is lent. From :func:`spotgpu.core.lending.idle_forecast`."""
+
 # --- gangs, queues, jobs --------------------------------------------------------------------
 API_GROUP: Final = "scheduling.spotgpu.io"
 POD_GROUP: Final = "scheduling.spotgpu.io/pod-group"

@@ -86,6 +86,9 @@ class EvictionReason(StrEnum):
     """The real GPU failed."""
     RECOVERY = "Recovery"
     """Found on a returned owner's GPU after an agent restart."""
+    UNGUARDED = "Unguarded"
+    """The return guard stopped covering a lent owner (its notify fd is gone): the loan ends
+    (``agent.lending.unguardedPolicy: refuse``)."""
 
 
 class OwnerState(StrEnum):

@@ -35,5 +35,11 @@ class GuardPort(Protocol):
 
     def is_armed(self, owner: ContainerRef) -> bool: ...
 
+    def covers(self, owner: ContainerRef) -> bool:
+        """A notify fd of ``owner`` is held here: the guard can catch its return. False for an
+        owner the rule was not injected into (``spotgpu.io/guard-skipped``), whose fd was lost,
+        or while the guard is unavailable."""
+        ...
+
 
 __all__ = ["GuardPort", "OwnerBackHandler"]

@@ -36,7 +36,7 @@ from spotgpu.core.ids import NodeName
 from spotgpu.core.refs import PodRef
 from spotgpu.core.types import EvictionReason
 from spotgpu.kube.client import Backoff, Connection, NotFound, Retrier
-from spotgpu.kube.events import WARNING, EventRecorder, pod_reference
+from spotgpu.kube.events import WARNING, EventRecorder, node_reference, pod_reference
 from spotgpu.kube.informer import EventType, Informer, WatchTarget, collection_path
 from spotgpu.kube.objects import pod_info
 
@@ -80,6 +80,9 @@ class KubeAgentPort:
             f"patch annotations of node {node}",
             lambda: self._client.patch(Node, node, body, patch_type=PatchType.MERGE),
         )
+
+    def record_node_event(self, node: NodeName, *, reason: str, message: str) -> None:
+        self._events.record(node_reference(node), reason=reason, message=message, type=WARNING)
 
     def delete_pod(self, pod: PodRef, *, reason: EvictionReason, message: str, grace_seconds: int = 0) -> None:
         if pod.namespace is None:

@@ -98,4 +98,9 @@ def pod_reference(namespace: str, name: str, uid: str = "") -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": namespace, "name": name, "uid": uid}}
 
 
-__all__ = ["NORMAL", "WARNING", "EventRecorder", "pod_reference"]
+def node_reference(name: str, uid: str = "") -> dict[str, Any]:
+    """A minimal node object for :meth:`EventRecorder.record` (a node's events live in ``default``)."""
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": uid}}
+
+
+__all__ = ["NORMAL", "WARNING", "EventRecorder", "node_reference", "pod_reference"]

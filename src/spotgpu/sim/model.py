@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 
 from spotgpu.agent.model import LendState
 from spotgpu.core.ids import DeviceID, NodeName
-from spotgpu.core.lending import LowpowerDetector
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import EvictionReason, Health
 from spotgpu.scheduler.model import GPURequest, Nomination, PodGroupPhase
 
 if TYPE_CHECKING:
     from spotgpu.scheduler.model import GPU, Node, Pod, PodGroup, ShadowPod
+    from spotgpu.sim.lending import OwnerAgent
     from spotgpu.sim.scenario import JobSpec
     from spotgpu.sim.workloads import OwnerTrace
 
@@ -123,7 +123,7 @@ class OwnerSim:
     __slots__ = (
         "active",
         "active_end",
-        "detector",
+        "agent",
         "gpus",
         "hold_start",
         "idle_check",
@@ -146,8 +146,10 @@ class OwnerSim:
         self.active_end = 0.0
         self.interval = -1
         """Index of the current (or last) active interval in ``trace.active``."""
-        self.detector: LowpowerDetector | None = None
+        self.agent: OwnerAgent | None = None
+        """The agent's lending state for this owner (lending policies only)."""
         self.lend = LendState.ACTIVE
+        """Mirrors ``agent.lend`` (read often: twin health, invariants)."""
         self.idle_check: int | None = None
         """Engine handle of the pending idle poll."""
         self.hold_start: float | None = None

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from spotgpu.core.config import ConfigError, Seconds, from_mapping, read_yaml
+from spotgpu.core.config import ConfigError, LendPolicyKind, PredictiveConfig, Seconds, from_mapping, read_yaml
 from spotgpu.core.types import NodeStrategy, SpotPriority
 from spotgpu.scheduler.config import SchedulerConfig
 from spotgpu.sim import defaults
@@ -72,6 +72,11 @@ class PolicySpec:
     """Return detection by the guard (event); false: by the detector's polling only."""
     recommended: bool = False
     """The policy the project recommends (at most one per scenario); marked in the report."""
+    lend_policy: LendPolicyKind = LendPolicyKind.TIMER
+    """When idle owners are lent: ``timer`` (after ``maxInactiveTime``) or ``predictive`` (also
+    only when the owner's learned idle durations promise ``predictive.minExpectedIdle``)."""
+    predictive: PredictiveConfig = dataclasses.field(default_factory=PredictiveConfig)
+    """The owner-return model and the predictive policy's thresholds (``agent.lending.predictive``)."""
 
     def __post_init__(self) -> None:
         _check_name("name", self.name)
@@ -367,6 +372,7 @@ DEFAULT_POLICIES: Final = _policy_set(
     PolicySpec("lowpower-10m", max_inactive_time=Seconds(600.0)),
     PolicySpec("lowpower-30m", max_inactive_time=Seconds(1800.0)),
     PolicySpec("idle-10m", max_inactive_time=Seconds(600.0), strategy=NodeStrategy.IDLE),
+    PolicySpec("predictive-2m", max_inactive_time=Seconds(120.0), lend_policy=LendPolicyKind.PREDICTIVE),
     # A new recommendation: append its entry with recommended=True (the last mark wins).
 )
 """Used when a scenario lists no policies: the baseline, three ``maxInactiveTime`` values with

@@ -11,12 +11,15 @@ Which decision code runs (the same as in a cluster):
 * scheduling: :func:`spotgpu.scheduler.run_cycle` on a snapshot of the model (through
   :attr:`Hooks.scheduler`); its decisions (binds, ShadowPods, evictions, nominations, PodGroup
   statuses) are applied to the model;
-* owner idle/busy: one :class:`spotgpu.core.lending.LowpowerDetector` per owner, fed samples
-  built by :func:`spotgpu.agent.detect.owner_samples`; polling is event-driven: between two
-  activity changes every poll would see the same thing, so only the polls that can change the
-  detector's state are simulated (the last one inside an activity interval, the one that can
-  declare the owner idle, and the first one after a guard-less return), each at its true time
-  on the owner's poll grid (a per-owner phase in ``[0, detectInterval)``);
+* owner idle/busy and lend/return: the agent's lending state machine,
+  :func:`spotgpu.core.lending.transition`, one :class:`spotgpu.sim.lending.OwnerAgent` per
+  owner, fed samples built by :func:`spotgpu.agent.detect.owner_samples`; polling is
+  event-driven: between two activity changes every poll would see the same thing, so only the
+  polls that can change the state are simulated (the first and the last one inside an activity
+  interval when the first ends a judged idle period, else the last one; the one at
+  :meth:`~spotgpu.sim.lending.OwnerAgent.judge_at` that can lend the owner, again after a
+  refusal; and the first one after a guard-less return), each at its true time on the owner's
+  poll grid (a per-owner phase in ``[0, detectInterval)``);
 * twin health: :func:`spotgpu.agent.model.twin_health`; eviction on return:
   :func:`spotgpu.agent.model.plan_eviction` (through :attr:`Hooks.plan_eviction`).
 
@@ -46,11 +49,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from spotgpu.agent.detect import WatchedOwner, owner_samples
 from spotgpu.agent.model import EvictionPlan, LendState, plan_eviction, twin_health
 from spotgpu.agent.node_ports import GpuDevice
 from spotgpu.core.ids import DeviceID, NodeName
-from spotgpu.core.lending import LowpowerDetector, OwnerBusy, OwnerIdle
+from spotgpu.core.lending import Action, Actions, Evict, Lent, Persist
 from spotgpu.core.mapping_cache import IDLE_SPACE, DeviceEntry, MappingSnapshot, Owner, OwnerEntry
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import GPU_MILLI, EvictionReason, Health, QueueType
@@ -74,6 +76,7 @@ from spotgpu.scheduler.model import (
 from spotgpu.sim import defaults
 from spotgpu.sim.engine import Engine, Priority
 from spotgpu.sim.invariants import InvariantChecker
+from spotgpu.sim.lending import OwnerAgent, policy_rules
 from spotgpu.sim.metrics import Metrics, summarize
 from spotgpu.sim.model import Category, GpuSim, JobPhase, JobSim, NodeSim, OwnerSim, PodSim, ShadowSim
 from spotgpu.sim.scenario import PolicySpec, Scenario, Workload
@@ -121,6 +124,8 @@ class Hooks:
     cap_pending: bool = True
     """With ``trim_snapshots``: offer only the pending spot gangs that could be placed (see
     ``Simulation._spot_candidates``)."""
+    lending_log: list[Action] | None = None
+    """When a list, every action of every owner's lending state machine is appended (tests)."""
 
 
 # --- events -------------------------------------------------------------------------------
@@ -252,6 +257,7 @@ class Simulation:
         """Draws of the measured latencies (one stream per run, in event order)."""
         self.horizon = scenario.duration
         self.lending = policy.lending
+        self.rules = policy_rules(policy.max_inactive_time, policy.lend_policy, policy.predictive, policy.guard)
         self.period = self.lat.period(scenario.cluster.nodes)
         self.engine: Engine[Event] = Engine()
         self.checker = InvariantChecker(policy.name, policy.lending, scenario.latencies)
@@ -329,7 +335,9 @@ class Simulation:
             if owner.trace.active:
                 self.engine.at(owner.trace.active[0][0], OwnerStart(owner.index, 0))
             if self.lending:
-                owner.detector = LowpowerDetector(owner.ref, owner.devices, self.policy.max_inactive_time, now=0.0)
+                owner.agent = OwnerAgent(
+                    owner.ref, owner.devices, self.rules, 0.0, covered=self.policy.guard, log=self.hooks.lending_log
+                )
                 self._arm_idle_check(owner)
         for job in self.jobs:
             self.engine.at(job.arrival, JobArrival(job.index))
@@ -389,6 +397,7 @@ class Simulation:
             "lending": p.lending,
             "strategy": p.strategy.value,
             "max_inactive_time_s": p.max_inactive_time if p.lending else None,
+            "lend_policy": p.lend_policy.value if p.lending else None,
             "guard": p.guard,
         }
         out.update(summarize(self.metrics, self.horizon))
@@ -420,19 +429,23 @@ class Simulation:
         k = math.ceil((t - owner.poll_phase) / d - 1e-9) - 1
         return owner.poll_phase + k * d
 
-    def _sample(self, owner: OwnerSim, at: float, owner_active: bool) -> OwnerBusy | OwnerIdle | None:
-        """Build the detector's sample the way the agent does (GPU pids and utilization) and feed it."""
-        assert owner.detector is not None
-        owner_pid, spot_pid = 1, 2
-        pids: dict[DeviceID, list[int]] = {}
-        util: dict[DeviceID, float | None] = {}
-        for gpu in owner.gpus:
-            on = ([owner_pid] if owner_active else []) + ([spot_pid] if gpu.running_spot() else [])
-            pids[gpu.id] = on
-            util[gpu.id] = 100.0 if on else 0.0
-        watched = WatchedOwner(owner.ref, owner.devices, "owner")
-        sample = owner_samples(at, [watched], util, pids, {owner_pid: "owner", spot_pid: "spot"})[owner.ref]
-        return owner.detector.observe(sample)
+    def _poll(self, owner: OwnerSim, at: float, owner_active: bool) -> Actions:
+        """One detection round of the agent for ``owner`` at ``at`` (the shared state machine)."""
+        assert owner.agent is not None
+        actions = owner.agent.poll(at, owner_active, [g.running_spot() for g in owner.gpus])
+        self._apply_lending(owner, actions)
+        return actions
+
+    def _apply_lending(self, owner: OwnerSim, actions: Actions) -> None:
+        """Apply what the state machine decided to the model: a loan makes the twins Healthy,
+        an ``Evict`` starts the kill; arming, records and publication need nothing here."""
+        assert owner.agent is not None
+        for action in actions:
+            if isinstance(action, Lent):
+                self._lend(owner)
+            elif isinstance(action, Evict):
+                self._start_eviction(owner)
+        owner.lend = owner.agent.lend
 
     def _owner_start(self, event: OwnerStart) -> None:
         owner = self.owners[event.owner]
@@ -471,25 +484,35 @@ class Simulation:
         nxt = event.interval + 1
         if nxt < len(owner.trace.active):
             self.engine.at(owner.trace.active[nxt][0], OwnerStart(owner.index, nxt))
-        if owner.detector is None:
+        agent = owner.agent
+        if agent is None:
             return
         start = owner.trace.active[event.interval][0]
         last = self._last_poll_before(owner, now)
-        if last >= start and not owner.detector.idle:
-            # The last poll inside the interval saw the owner working (delivered now; no decision
-            # depends on it before now, and a detector that is not idle only moves last_active).
-            result = self._sample(owner, last, owner_active=True)
-            assert result is None, f"a poll inside an active interval produced {result}"
+        if last >= start and agent.lend is LendState.ACTIVE:
+            # The polls inside the interval saw the owner working (delivered now; no decision
+            # depends on them before now: an active owner's working polls only move its idle
+            # start, and end a judged idle period, which the first of them does).
+            first = self._next_poll(owner, start)
+            polls = (first, last) if agent.state.judged and first < last else (last,)
+            for at in polls:
+                result = self._poll(owner, at, owner_active=True)
+                assert all(isinstance(a, Persist) for a in result), f"a working poll produced {result}"
         if owner.lend is LendState.ACTIVE:
             self._arm_idle_check(owner)
 
     def _arm_idle_check(self, owner: OwnerSim) -> None:
-        detector = owner.detector
-        if detector is None or owner.idle_check is not None or owner.active or owner.lend is not LendState.ACTIVE:
+        agent = owner.agent
+        if agent is None or owner.idle_check is not None or owner.active or owner.lend is not LendState.ACTIVE:
             return
-        at = self._next_poll(owner, max(self.engine.now, detector.last_active + detector.max_inactive_time))
-        while at - detector.last_active < detector.max_inactive_time:  # floating-point rounding
+        due = agent.judge_at()
+        if due > self.horizon:
+            return
+        at = self._next_poll(owner, max(self.engine.now, due))
+        while at < due or at - agent.state.last_active < self.policy.max_inactive_time:  # floating-point rounding
             at = math.nextafter(at, math.inf)
+        if at <= self.engine.now and agent.state.judged:
+            at = self._next_poll(owner, self.engine.now + self.lat.detect_interval / 2)  # judged now: the next poll
         if at <= self.horizon:
             owner.idle_check = self.engine.at(at, IdlePoll(owner.index), Priority.AGENT)
 
@@ -498,16 +521,11 @@ class Simulation:
         owner.idle_check = None
         if owner.active or owner.lend is not LendState.ACTIVE:
             return
-        result = self._sample(owner, self.engine.now, owner_active=False)
-        if isinstance(result, OwnerIdle):
-            self._lend(owner)
-        else:
-            owner.idle_check = self.engine.at(
-                self.engine.now + self.lat.detect_interval, IdlePoll(owner.index), Priority.AGENT
-            )
+        self._poll(owner, self.engine.now, owner_active=False)
+        if owner.lend is LendState.ACTIVE:
+            self._arm_idle_check(owner)  # not lent (refused): judged again when that can change
 
     def _lend(self, owner: OwnerSim) -> None:
-        owner.lend = LendState.LENT
         self.metrics.loans += 1
         self.metrics.lent_gpus += len(owner.gpus)
         self.dirty.add(owner.gpus[0].node)
@@ -517,10 +535,10 @@ class Simulation:
         owner = self.owners[event.owner]
         if owner.lend is not LendState.LENT:
             return
-        assert owner.detector is not None
-        busy = owner.detector.owner_back(self.engine.now)
-        assert busy is not None, "a lent owner's detector must report the return"
-        self._start_eviction(owner)
+        assert owner.agent is not None
+        actions = owner.agent.guard_signal(self.engine.now)
+        assert any(isinstance(a, Evict) for a in actions), "a lent owner's return must start an eviction"
+        self._apply_lending(owner, actions)
 
     def _return_poll(self, event: ReturnPoll) -> None:
         owner = self.owners[event.owner]
@@ -533,9 +551,18 @@ class Simulation:
                 self.metrics.exposures_ms.append((owner.active_end - owner.hold_start) * 1000)
                 owner.hold_start = None
             return
-        result = self._sample(owner, self.engine.now, owner_active=True)
-        assert isinstance(result, OwnerBusy), f"a lent owner's working poll produced {result}"
-        self._start_eviction(owner)
+        actions = self._poll(owner, self.engine.now, owner_active=True)
+        assert any(isinstance(a, Evict) for a in actions), f"a lent owner's working poll produced {actions}"
+
+    def idle_forecast(self, node: NodeSim) -> dict[DeviceID, tuple[int, int]]:
+        """``{real device id: (expected, p20)}``: the idle remainder the agent of ``node`` would
+        publish now (``spotgpu.io/idle-forecast``) for its lent GPUs."""
+        now = self.engine.now
+        out: dict[DeviceID, tuple[int, int]] = {}
+        for owner in {g.owner_sim for g in node.gpus if g.owner_sim is not None and g.owner_sim.agent is not None}:
+            assert owner.agent is not None
+            out.update(owner.agent.forecast(now))
+        return out
 
     def _mapping(self, owner: OwnerSim) -> MappingSnapshot:
         devices = tuple(DeviceEntry(g.id, tuple(sorted({u.ref for u in g.users}))) for g in owner.gpus)
@@ -543,7 +570,6 @@ class Simulation:
 
     def _start_eviction(self, owner: OwnerSim) -> None:
         now = self.engine.now
-        owner.lend = LendState.EVICTING
         self.metrics.lent_gpus -= len(owner.gpus)
         self.dirty.add(owner.gpus[0].node)
         plan = self.hooks.plan_eviction(self._mapping(owner), owner.ref, owner.devices, now)
@@ -569,7 +595,8 @@ class Simulation:
             else:
                 self.metrics.exposures_ms.append((now - owner.hold_start) * 1000)
             owner.hold_start = None
-        owner.lend = LendState.ACTIVE
+        assert owner.agent is not None
+        self._apply_lending(owner, owner.agent.eviction_done(now))
         self.dirty.add(owner.gpus[0].node)
         self._arm_idle_check(owner)
 

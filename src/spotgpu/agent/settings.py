@@ -1,0 +1,58 @@
+"""The solver's settings: one frozen record the coordinator and its executors read.
+
+Plain data; no side effects. Built by :class:`spotgpu.agent.service.Agent` from the agent's
+configuration (:class:`~spotgpu.core.config.AgentConfig`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from spotgpu.agent.evictor import EvictionSettings
+from spotgpu.agent.steer import TwinPool, twin_pools
+from spotgpu.core.config import LendingConfig
+from spotgpu.core.ids import NodeName, ResourceName
+from spotgpu.core.lending import LendRules
+
+
+@dataclass(frozen=True, slots=True)
+class SolverSettings:
+    node: NodeName
+    gpu_resource: ResourceName
+    spot_resource: ResourceName
+    max_inactive_time: float
+    sigterm_grace: float = 0.0
+    stop_timeout: float = 10.0
+    """Longest wait for spot tasks to exit (after the grace)."""
+    delete_budget: float = 2.0
+    """Time spent retrying pod deletions during an eviction before the owner is released anyway."""
+    twin_replicas: int = 1
+    """Legacy: replicas of the spot resource itself (:func:`~spotgpu.agent.steer.twin_pools`)."""
+    shared_replicas: int = 0
+    """Replicas per GPU of the shared spot resource (0: not served)."""
+    grant_ttl: float = 60.0
+    """Seconds an Allocate's grant counts as in use before pod-resources reports it (an admission
+    that failed after our Allocate never shows up there)."""
+    preference_ttl: float = 10.0
+    """Seconds a GetPreferredAllocation's chosen pod waits for its Allocate."""
+    candidate_wait: float = 1.0
+    """Seconds GetPreferredAllocation waits for the pod watch when no pod of the requested size is
+    waiting for admission: the kubelet's own watch may deliver a freshly bound pod a moment
+    before ours does."""
+    lending: LendingConfig = field(default_factory=LendingConfig)
+    """The lending policy (``agent.lending``)."""
+
+    @property
+    def pools(self) -> tuple[TwinPool, ...]:
+        return twin_pools(self.spot_resource, twin_replicas=self.twin_replicas, shared_replicas=self.shared_replicas)
+
+    @property
+    def rules(self) -> LendRules:
+        return LendRules(self.max_inactive_time, self.lending)
+
+    @property
+    def eviction(self) -> EvictionSettings:
+        return EvictionSettings(self.sigterm_grace, self.stop_timeout, self.delete_budget)
+
+
+__all__ = ["SolverSettings"]
