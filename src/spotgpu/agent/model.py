@@ -37,10 +37,9 @@ from spotgpu.core.ids import (
     DeviceID,
     DeviceIDError,
     ResourceName,
-    from_spot_id,
-    is_spot_id,
+    real_of_twin,
+    replica_id,
     to_spot_id,
-    validate_device_id,
 )
 from spotgpu.core.mapping_cache import IDLE_SPACE, DeviceEntry, MappingSnapshot, Owner, OwnerEntry
 from spotgpu.core.refs import ContainerRef, PodRef
@@ -128,25 +127,6 @@ def build_mapping(
     entries = [OwnerEntry(o, tuple(ds)) for o, ds in table.items()]
     entries.sort(key=lambda e: (0, "") if e.owner is IDLE_SPACE else (1, e.owner.format()))
     return MappingBuild(MappingSnapshot(tuple(entries)), frozenset(shadow), tuple(problems))
-
-
-def real_of_twin(twin: str, known: Collection[str]) -> DeviceID | None:
-    """The real device behind ``twin`` (``spot-X`` or a shared replica ``spot-X::<n>``), if known.
-
-    ``X`` itself may contain ``::`` (a vendor's own replica IDs), so the whole rest is tried first.
-    """
-    try:
-        real = from_spot_id(twin) if is_spot_id(twin) else None
-    except DeviceIDError:
-        return None
-    if real is None:
-        return None
-    if real in known:
-        return real
-    base, sep, index = real.rpartition("::")
-    if sep and index.isdigit() and base in known:
-        return DeviceID(base)
-    return None
 
 
 def owners_of(snapshot: MappingSnapshot) -> dict[ContainerRef, tuple[DeviceID, ...]]:
@@ -386,16 +366,19 @@ def twin_ids(
     ``replicas`` 1: one twin ``spot-X`` per GPU. More: ``spot-X::0`` .. ``spot-X::<replicas-1>``
     (shared spot: the kubelet hands each replica to one container, so that many containers can
     share the GPU; the runtime's twin rule accepts either form). ``suffixed`` forces the replica
-    form even for one replica (default: only for more than one).
+    form even for one replica (default: only for more than one). Every name served parses back
+    to its device with :func:`~spotgpu.core.ids.real_of_twin` (a GPU whose replica names are
+    ambiguous serves none of them).
     """
     result: dict[DeviceID, DeviceID] = {}
     with_suffix = replicas > 1 if suffixed is None else suffixed
+    known = {d.id for d in devices}
     for device in devices:
         try:
             twin = to_spot_id(device.id)
-            names = [validate_device_id(f"{twin}::{k}") for k in range(replicas)] if with_suffix else [twin]
+            names = [replica_id(device.id, k, known) for k in range(replicas)] if with_suffix else [twin]
         except DeviceIDError:
-            continue
+            continue  # too long, or a replica name another device's twin already is: never served
         for name in names:
             result[name] = device.id
     return result

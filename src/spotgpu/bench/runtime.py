@@ -21,7 +21,9 @@ Figures (medians over ``--runs`` interleaved rounds, after ``--warmup`` rounds):
   runc itself, paired over 100 calls: the cost of the shell layer alone.
 
 Also measured, to document the design choice (docs/runtime.md): ``sync_local_added_ms`` (the
-modifier chain run inside the wrapper, gRPC imported per create: the ``local`` fallback) and
+modifier chain run inside the wrapper, gRPC imported per create: the ``local`` fallback, whose
+create ends in the lend rule's refusal after the same lookups, since without the agent nobody can
+say whether the GPU is lent now) and
 ``python_every_verb_added_ms`` (a Python wrapper started for every verb instead of the shell
 fast path). The machine may be shared: rounds interleave the variants (rotating their order) and
 each added figure is the median of per-round differences against the baseline of the same round,
@@ -216,7 +218,7 @@ def measure(base: Path, runs: int, warmup: int, extra: bool) -> dict[str, Any]:
         Containerd(base / "containerd") as daemon,
     ):
         pod_resources.set_pods(pods)
-        lookup = KubeletNodeLookup.from_config(config, cache.get_device_owner)
+        lookup = KubeletNodeLookup.from_config(config, cache.get_device_owner, lendable=lambda d: d == "GPU-a")
         try:
             with RuntimeService(config.agent_socket, SpecEngine(config, lookup, LinuxHost())):
                 shim = str(install_shim(base / "shim", config))
