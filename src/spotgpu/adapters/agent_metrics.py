@@ -120,6 +120,11 @@ class AgentMetrics:
             ["resource"],
             registry=r,
         )
+        self.forged_shadow_pods = Gauge(
+            "spotgpu_agent_forged_shadow_pods",
+            "Pods holding GPUs on this node that claim to be ShadowPods but are not (treated as owners)",
+            registry=r,
+        )
         self._server: ThreadingHTTPServer | None = None
         self._thread: Thread | None = None
         self._runtime: _RuntimeAnswers | None = None

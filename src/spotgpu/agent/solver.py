@@ -60,6 +60,7 @@ from spotgpu.agent.model import (
     find_violations,
     node_state_annotation,
     owners_of,
+    pending_shadows,
     plan_eviction,
     runtime_container_ids,
     twin_health,
@@ -81,7 +82,6 @@ from spotgpu.agent.steer import (
     TwinKind,
     TwinPool,
     admission_candidates,
-    check_kinds,
     device_use,
     in_use_of,
     match_allocation,
@@ -89,6 +89,7 @@ from spotgpu.agent.steer import (
     prefer,
     steering_mismatches,
     twin_pools,
+    twin_view,
 )
 from spotgpu.core import keys
 from spotgpu.core.clock import Clock
@@ -126,6 +127,8 @@ class SolverSettings:
     that failed after our Allocate never shows up there)."""
     preference_ttl: float = 10.0
     """Seconds a GetPreferredAllocation's chosen pod waits for its Allocate."""
+    shadow_namespace: str = keys.DEFAULT_SHADOW_NAMESPACE
+    """Where authentic ShadowPods live (:mod:`spotgpu.core.shadow`)."""
     candidate_wait: float = 1.0
     """Seconds GetPreferredAllocation waits for the pod watch when no pod of the requested size is
     waiting for admission: the kubelet's own watch may deliver a freshly bound pod a moment
@@ -299,6 +302,7 @@ class Solver:
             build = self._build(allocations)
             for problem in build.problems:
                 log.warning("mapping: %s", problem)
+            self.metrics.forged_shadow_pods.set(len(build.forged_shadows))
             self.mapping.restore(build.snapshot)
             self._confirm_grants(allocations, now)
             self._shadow = build.shadow_owners
@@ -596,6 +600,7 @@ class Solver:
             gpu_resource=self.settings.gpu_resource,
             spot_resource=self.settings.spot_resource,
             extra_spot_resources=[p.resource for p in self._pools],
+            shadow_namespace=self.settings.shadow_namespace,
         )
 
     # -- execution -------------------------------------------------------------------------------
@@ -842,7 +847,10 @@ class Solver:
 
     def _publish_locked(self) -> None:
         self._health = self._compute_health()
-        self._twin_health = pool_health(self._pool_twins, self._kinds, self._health, self._use_locked())
+        owners, pending = self._sources_locked()
+        self._twin_health = pool_health(
+            self._pool_twins, self._kinds, self._health, self._use_locked(), owners=owners, pending=pending
+        )
         numa = {d.id: d.numa_node for d in self._devices}
         for resource, twins in self._pool_twins.items():
             health = self._twin_health[resource]
@@ -903,7 +911,19 @@ class Solver:
         real = self._pool_twins.get(resource, {}).get(DeviceID(twin))
         if real is None:
             return None
-        return TwinView(real, self._health.get(real, Health.UNHEALTHY), self.mapping.get_device_owner(real))
+        owners, pending = self._sources_locked()
+        return twin_view(
+            twin, real, self._kinds[resource], self._health, self._use_locked(), owners=owners, pending=pending
+        )
+
+    def _sources_locked(self) -> tuple[dict[DeviceID, Owner], dict[DeviceID, ContainerRef]]:
+        """Who holds each GPU, and the ShadowPods announced for unheld ones (caller holds the lock)."""
+        snapshot = self.mapping.snapshot()
+        owners = {d: owner for d, (owner, _) in device_index(snapshot).items()}
+        pending = pending_shadows(
+            self._pods.values(), snapshot, node=self.settings.node, shadow_namespace=self.settings.shadow_namespace
+        )
+        return owners, pending
 
     def _admitted_keys(self) -> set[tuple[PodRef, str]]:
         """Containers holding twins: per pod-resources, or granted (caller holds the lock)."""
@@ -990,7 +1010,7 @@ class Solver:
         return annotations
 
     def _allocate(self, resource: ResourceName, twins: Sequence[str]) -> dict[str, str]:
-        pool = self._pool(resource)
+        self._pool(resource)  # an unknown resource raises here
         for attempt in (0, 1):
             with self._lock:
                 views = {t: self._twin_view(resource, t) for t in twins}
@@ -1005,7 +1025,6 @@ class Solver:
         with self._lock:
             views = {t: self._twin_view(resource, t) for t in twins}
             annotations = allocate_annotations(twins, views.get, gpu_resource=self.settings.gpu_resource)
-            check_kinds(twins, resource, pool.kind, self._pool_twins, self._use_locked())
             preferred, at = self._preferred.pop(resource, (None, 0.0))
             if preferred is not None and now - at > self.settings.preference_ttl:
                 preferred = None

@@ -37,6 +37,7 @@ from spotgpu.core.ids import (
     shared_resource_of,
     validate_resource_name,
 )
+from spotgpu.core.keys import DEFAULT_SHADOW_NAMESPACE
 
 Seconds = NewType("Seconds", float)
 """A duration in seconds; in YAML a number or a Go-style duration string."""
@@ -323,6 +324,9 @@ class AgentConfig:
     """Shared spot: N > 0 also serves ``<spotResource>-shared`` (``platform/spot-gpu-shared``)
     with replicas ``spot-<id>::0`` .. ``::N-1`` per GPU, one per shared spot container, beside the
     exclusive twins; a GPU is lent to one kind at a time. 0: not served."""
+    shadow_namespace: str = DEFAULT_SHADOW_NAMESPACE
+    """The namespace of ShadowPods (the scheduler's ``shadowNamespace``): a pod elsewhere that claims
+    to be one is an ordinary owner (:mod:`spotgpu.core.shadow`)."""
     state_file: Path | None = Path("/run/spotgpu/agent-state.json")
     """Which owners are lent, kept across agent restarts (a tmpfs path: a node reboot forgets it);
     ``null`` keeps no file (a restarted agent then re-lends only owners whose GPUs carry spot users)."""
