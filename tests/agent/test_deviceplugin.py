@@ -205,13 +205,15 @@ def test_a_kubelet_restart_that_keeps_our_socket_and_reuses_the_inode_is_seen(
     """Item 9: a kubelet restarted without wiping the plugin sockets re-creates only
     ``kubelet.sock``; when the new socket got the old inode number back, watching inode numbers
     alone never re-registered (2 of 65 restarts in a soak). The plugin must register again."""
-    monkeypatch.setattr(deviceplugin, "os", _SameInode())
     kubelet.wait_registered(RES, count=1)
+    monkeypatch.setattr(deviceplugin, "os", _SameInode())
+    kubelet.restart(wipe=False)  # registered with the masked number from now on
+    kubelet.wait_registered(RES, count=2, timeout=5)
     plugin = rig.agent.plugin
     assert plugin is not None
     served = plugin.socket.stat().st_ino
-    kubelet.restart(wipe=False)
-    kubelet.wait_registered(RES, count=2, timeout=5)
+    kubelet.restart(wipe=False)  # the same inode number again
+    kubelet.wait_registered(RES, count=3, timeout=5)
     assert plugin.socket.stat().st_ino == served  # our socket was never touched
     assert kubelet.wait_devices(RES, lambda d: len(d) == 4)
 
