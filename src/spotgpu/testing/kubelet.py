@@ -173,6 +173,8 @@ class KubeletDouble(Server):
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
                 log.debug("ListAndWatch of %s ended: %s", endpoint.resource, exc.code().name)
+        except ValueError:  # the channel was closed (a restart) before the stream started
+            log.debug("ListAndWatch of %s: channel closed before it started", endpoint.resource)
         finally:
             with self._lock:
                 self._lock.notify_all()
