@@ -218,10 +218,6 @@ def shadow_claim(obj: Mapping[str, Any], shadow_namespace: str = keys.DEFAULT_SH
     )
 
 
-def is_shadow(obj: Mapping[str, Any], shadow_namespace: str = keys.DEFAULT_SHADOW_NAMESPACE) -> bool:
-    return shadow_claim(obj, shadow_namespace).authentic
-
-
 def build_snapshot(
     *,
     nodes: Iterable[Mapping[str, Any]],
@@ -597,7 +593,6 @@ __all__ = [
     "SpotUse",
     "TranslateConfig",
     "build_snapshot",
-    "is_shadow",
     "parse_node_state",
     "shadow_claim",
 ]
