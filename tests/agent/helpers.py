@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +46,21 @@ def pod(
         annotations=annotations or {},
         containers=tuple(ContainerInfo(n, cid) for n, cid in containers),
         deleting=deleting,
+    )
+
+
+def shadow_pod(ref: PodRef, devices: Sequence[str], *, labels: dict[str, str] | None = None) -> PodInfo:
+    """A ShadowPod as the scheduler creates it (``labels`` overrides its label: forgeries)."""
+    return dataclasses.replace(
+        pod(
+            ref,
+            (("main", f"cid-{ref.name}"),),
+            annotations={
+                keys.POD_DEVICE_TYPE: "shadow",
+                keys.ASSIGNED_DEVICES: json.dumps({"nvidia.com/gpu": list(devices)}),
+            },
+        ),
+        labels={keys.SHADOW_POD_LABEL: "true"} if labels is None else labels,
     )
 
 
@@ -95,6 +112,17 @@ class Rig:
         self.allocations.append(spot_alloc(ref, "worker", devices))
         self.podres.set(self.allocations)
         return ref
+
+    def add_shadow(self, devices: Sequence[str], name: str = "shadow-1") -> ContainerRef:
+        """An authentic ShadowPod (the scheduler's: its namespace, label and annotation) that the
+        kubelet admitted holding ``devices``."""
+        ref = PodRef(keys.DEFAULT_SHADOW_NAMESPACE, name)
+        info = shadow_pod(ref, devices)
+        self.add_pod(info)
+        holder = ContainerRef(ref.namespace, ref.name, "main")
+        self.allocations.append(gpu_alloc(holder, devices))
+        self.podres.set(self.allocations)
+        return holder
 
     def remove_pod(self, ref: PodRef) -> None:
         self.allocations = [a for a in self.allocations if a.pod != ref]

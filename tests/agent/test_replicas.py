@@ -78,10 +78,16 @@ def rig(tmp_path: Path, kubelet: KubeletDouble) -> Iterator[Rig]:
 
 def test_the_plugin_serves_every_replica_with_its_gpus_health(rig: Rig, kubelet: KubeletDouble) -> None:
     devices = kubelet.wait_devices(RES, lambda d: len(d) == 8)
-    assert {d for d, s in devices.items() if s.health == "Healthy"} == {
-        f"spot-{rig.d[i]}::{k}" for i in (2, 3) for k in (0, 1)
-    }
+    assert {d for d, s in devices.items() if s.health == "Healthy"} == set()  # owner active, 2 and 3 unheld
+    rig.add_shadow([rig.d[2], rig.d[3]])
     rig.cycle(0)
+    kubelet.wait_devices(
+        RES,
+        lambda d: (
+            {t for t, s in d.items() if s.health == "Healthy"}
+            == {f"spot-{rig.d[i]}::{k}" for i in (2, 3) for k in (0, 1)}
+        ),
+    )
     rig.cycle(61)  # the owner of GPUs 0 and 1 is lent: all their replicas turn Healthy
     devices = kubelet.wait_devices(RES, lambda d: all(s.health == "Healthy" for s in d.values()))
     numa = {s.numa_nodes for d, s in devices.items() if d.startswith(f"spot-{rig.d[1]}")}
@@ -92,7 +98,12 @@ def test_two_replicas_of_one_gpu_sync_it_once(rig: Rig, kubelet: KubeletDouble) 
     kubelet.wait_registered(RES)
     rig.cycle(0)
     rig.cycle(61)
-    kubelet.wait_devices(RES, lambda d: all(s.health == "Healthy" for s in d.values()))
+    kubelet.wait_devices(
+        RES,
+        lambda d: all(
+            d.get(f"spot-{rig.d[0]}::{k}") and d[f"spot-{rig.d[0]}::{k}"].health == "Healthy" for k in (0, 1)
+        ),
+    )
     (container,) = kubelet.allocate(RES, [f"spot-{rig.d[0]}::1", f"spot-{rig.d[0]}::0"]).container_responses
     assert json.loads(container.annotations[keys.DEVICES_FROM_PREFIX]) == {
         OWNER.format(): {"nvidia.com/gpu": [rig.d[0]]}

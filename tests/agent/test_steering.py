@@ -27,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spotgpu.adapters.deviceplugin import DevicePluginServer
-from spotgpu.agent.model import AllocateRefused, real_of_twin
+from spotgpu.agent.model import AllocateRefused, allocate_annotations, real_of_twin
 from spotgpu.agent.node_ports import AllocatedDevices, GpuDevice
 from spotgpu.agent.ports import ContainerInfo, PodInfo
 from spotgpu.agent.steer import (
@@ -45,6 +45,7 @@ from spotgpu.agent.steer import (
     prefer,
     steering_mismatches,
     twin_pools,
+    twin_view,
 )
 from spotgpu.cli import main
 from spotgpu.core import keys
@@ -58,7 +59,8 @@ from spotgpu.core.ids import (
     ResourceName,
     to_spot_id,
 )
-from spotgpu.core.refs import PodRef
+from spotgpu.core.mapping_cache import IDLE_SPACE, Owner
+from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health
 from spotgpu.kube.snapshot import build_snapshot
 from spotgpu.testing.kubelet import AdmissionError, KubeletDouble
@@ -67,6 +69,7 @@ from .helpers import NODE, OWNER, Rig, make_rig
 
 SPOT = str(SPOT_GPU_RESOURCE)
 SHARED = str(SPOT_GPU_SHARED_RESOURCE)
+SHADOW = ContainerRef(keys.DEFAULT_SHADOW_NAMESPACE, "shadow-1", "main")
 REPLICAS = 3
 
 
@@ -143,7 +146,8 @@ def rig(short_path: Path, kubelet: KubeletDouble) -> Iterator[Rig]:
     try:
         kubelet.wait_registered(SPOT)
         kubelet.wait_registered(SHARED)
-        lend(rig)  # the owner of GPUs 0 and 1 is lent; GPUs 2 and 3 are unallocated
+        rig.add_shadow([rig.d[2], rig.d[3]])  # GPUs 2 and 3 are held by a ShadowPod
+        lend(rig)  # the owner of GPUs 0 and 1 is lent
         kubelet.wait_devices(
             SHARED, lambda d: len(d) == 4 * REPLICAS and all(s.health == "Healthy" for s in d.values())
         )
@@ -318,6 +322,7 @@ def test_an_unconfirmed_grant_expires(rig: Rig, kubelet: KubeletDouble) -> None:
 def test_legacy_twin_replicas_are_steered_too(short_path: Path, kubelet: KubeletDouble) -> None:
     rig = make_rig(short_path, plugin=True, replicas=2)
     try:
+        rig.add_shadow([rig.d[2], rig.d[3]])
         lend(rig)
         kubelet.wait_devices(SPOT, lambda d: len(d) == 8 and all(s.health == "Healthy" for s in d.values()))
         bind(rig, "old", SPOT, [rig.d[1]], milli=500)
@@ -398,17 +403,48 @@ uses = st.dictionaries(
 )
 
 
-@given(uses, st.dictionaries(st.sampled_from(GPUS), st.sampled_from(list(Health))))
-def test_kind_rule_one_kind_per_gpu(use: dict[DeviceID, DeviceUse], lendable: dict[DeviceID, Health]) -> None:
-    health = pool_health(TWINS, KINDS, lendable, use)
+HOLDERS = st.dictionaries(st.sampled_from(GPUS), st.sampled_from([IDLE_SPACE, OWNER]))
+
+
+@given(uses, st.dictionaries(st.sampled_from(GPUS), st.sampled_from(list(Health))), HOLDERS)
+def test_kind_rule_one_kind_per_gpu(
+    use: dict[DeviceID, DeviceUse], lendable: dict[DeviceID, Health], owners: dict[DeviceID, Owner]
+) -> None:
+    health = pool_health(TWINS, KINDS, lendable, use, owners=owners)
     for twin, real in TWINS[EXCL.resource].items():
         u = use.get(real, DeviceUse())
-        expected = lendable.get(real) is Health.HEALTHY and not u.shared
+        expected = lendable.get(real) is Health.HEALTHY and not u.shared and owners.get(real) == OWNER
         assert (health[EXCL.resource][twin] is Health.HEALTHY) == expected
     for twin, real in TWINS[SHRD.resource].items():
         u = use.get(real, DeviceUse())
-        expected = lendable.get(real) is Health.HEALTHY and not u.exclusive
+        expected = lendable.get(real) is Health.HEALTHY and not u.exclusive and owners.get(real) == OWNER
         assert (health[SHRD.resource][twin] is Health.HEALTHY) == expected
+
+
+@given(
+    uses,
+    st.dictionaries(st.sampled_from(GPUS), st.sampled_from(list(Health))),
+    HOLDERS,
+    st.dictionaries(st.sampled_from(GPUS), st.just(SHADOW)),
+)
+def test_a_twin_is_healthy_exactly_when_allocate_gives_it(
+    use: dict[DeviceID, DeviceUse],
+    lendable: dict[DeviceID, Health],
+    owners: dict[DeviceID, Owner],
+    pending: dict[DeviceID, ContainerRef],
+) -> None:
+    """Issue 12, item 11: the health ListAndWatch shows and Allocate's decision are one function."""
+    health = pool_health(TWINS, KINDS, lendable, use, owners=owners, pending=pending)
+    for resource, table in TWINS.items():
+        for twin, real in table.items():
+            view = twin_view(twin, real, KINDS[resource], lendable, use, owners=owners, pending=pending)
+            try:
+                allocate_annotations([twin], {twin: view}.get, gpu_resource=ResourceName("nvidia.com/gpu"))
+            except AllocateRefused:
+                given_out = False
+            else:
+                given_out = True
+            assert (health[resource][twin] is Health.HEALTHY) == given_out
 
 
 def candidate(name: str, *gpus: str, size: int = 1) -> Candidate:

@@ -13,6 +13,8 @@ from spotgpu.core.ids import (
     TwinIDTooLong,
     from_spot_id,
     is_spot_id,
+    real_of_twin,
+    replica_id,
     to_spot_id,
     validate_device_id,
     validate_resource_name,
@@ -102,3 +104,53 @@ def test_invalid_resource_names(value: object, fragment: str) -> None:
     with pytest.raises(ResourceNameError) as info:
         validate_resource_name(value)
     assert fragment in str(info.value)
+
+
+# --- the one twin <-> real parser (issue 12, item 2) ------------------------------------------------
+
+_BASES = st.sampled_from(["GPU-a", "GPU-a::0", "GPU-a::1", "GPU-a::1::0", "GPU-b", "GPU-b::10", "MIG-x::2"])
+_KNOWN = st.frozensets(_BASES, min_size=1)
+
+
+@pytest.mark.parametrize(
+    ("twin", "known", "real"),
+    [
+        ("spot-GPU-a", {"GPU-a"}, "GPU-a"),
+        ("spot-GPU-a::0", {"GPU-a"}, "GPU-a"),  # shared replica 0 of GPU-a
+        ("spot-GPU-a::0", {"GPU-a", "GPU-a::0"}, "GPU-a::0"),  # the real GPU-a::0 owns its twin name
+        ("spot-GPU-a::0", {"GPU-a::0", "GPU-a::1"}, "GPU-a::0"),  # never GPU-a::1 (the defect)
+        ("spot-GPU-a::1::3", {"GPU-a::1"}, "GPU-a::1"),  # a replica of a vendor replica: last "::"
+        ("spot-GPU-a::x", {"GPU-a"}, None),
+        ("spot-GPU-a::", {"GPU-a"}, None),
+        ("GPU-a", {"GPU-a"}, None),
+        ("spot-GPU-c", {"GPU-a"}, None),
+    ],
+)
+def test_real_of_twin(twin: str, known: set[str], real: str | None) -> None:
+    assert real_of_twin(twin, known) == real
+
+
+@given(_KNOWN, st.integers(min_value=0, max_value=12))
+def test_every_served_name_parses_back_to_its_own_device(known: frozenset[str], replicas: int) -> None:
+    """Whatever IDs a node's GPUs have (``::`` in them or not), each name the agent may serve (the
+    exclusive twin, each replica that :func:`replica_id` accepts) parses back to exactly its own
+    device, so no twin can stand for two devices and no reader can disagree with another."""
+    served: dict[str, str] = {}
+    for real in known:
+        names = [to_spot_id(real)]
+        for k in range(replicas):
+            try:
+                names.append(replica_id(real, k, known))
+            except DeviceIDError:
+                continue
+        for name in names:
+            assert real_of_twin(name, known) == real
+            assert served.setdefault(name, real) == real
+
+
+@given(_KNOWN, _BASES, st.integers(min_value=0, max_value=12))
+def test_a_twin_never_stands_for_a_device_it_does_not_name(known: frozenset[str], other: str, k: int) -> None:
+    twin = f"spot-{other}::{k}"
+    real = real_of_twin(twin, known)
+    assert real is None or real in known
+    assert real is None or twin in (to_spot_id(real), f"{to_spot_id(real)}::{k}")

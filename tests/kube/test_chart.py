@@ -117,6 +117,8 @@ def test_crd_files_are_generated_from_the_schemas() -> None:
 def test_every_manifest_validates_against_kubernetes(manifests: list[dict[str, Any]], version: str) -> None:
     custom = crds.schemas()
     for doc in manifests:
+        if doc["kind"].startswith("ValidatingAdmissionPolicy") and version < "1.30":
+            continue  # v1 since Kubernetes 1.30; older clusters set admission.enabled=false (docs/deploy.md)
         group = doc["apiVersion"].split("/")[0]
         if group == crds.r.GROUP:
             plural = doc["kind"].lower() + "s"

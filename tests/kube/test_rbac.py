@@ -154,18 +154,21 @@ def test_scheduler_rbac_covers_exactly_what_it_uses(api: KubeApiServer, conn: Co
         wait_for(
             lambda: (api.get(keys.API_GROUP, "gangjobs", "job", "ml") or {}).get("status", {}).get("phase") == "Failed"
         )
-        shadow = next(p for p in api.objects("", "pods", "ml") if "shadow" in p["metadata"]["name"])
+        system = keys.DEFAULT_SHADOW_NAMESPACE  # ShadowPods live where only the scheduler writes
+        shadow = next(p for p in api.objects("", "pods", system) if "shadow" in p["metadata"]["name"])
         api.mutate(
             "",
             "pods",
             shadow["metadata"]["name"],
             lambda o: o["metadata"].update(creationTimestamp="2000-01-01T00:00:00Z"),
-            namespace="ml",
+            namespace=system,
         )
         wait_for(
-            lambda: len(loop.pods.store) == 2 and loop.pods.store.get(f"ml/{shadow['metadata']['name']}") is not None
+            lambda: (
+                len(loop.pods.store) == 2 and loop.pods.store.get(f"{system}/{shadow['metadata']['name']}") is not None
+            )
         )
-        api.remove("", "pods", shadow["metadata"]["name"], "ml")  # gone: the GPUs free up for r-0
+        api.remove("", "pods", shadow["metadata"]["name"], system)  # gone: the GPUs free up for r-0
         api.put(node("n1"))
         wait_for(lambda: len(loop.pods.store) == 1)
         loop.run_once()

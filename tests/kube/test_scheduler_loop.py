@@ -110,16 +110,18 @@ def test_a_spot_gang_gets_a_shadow_pod_and_bindings_with_device_owners(api: Kube
     settle(api, loop)
     out = loop.run_once()
     assert out.report is not None and out.report.failed == []
-    (shadow,) = [p for p in api.objects("", "pods", "ml") if p["metadata"]["name"].startswith("spot1-shadow")]
+    system = keys.DEFAULT_SHADOW_NAMESPACE  # never the gang's namespace: only the scheduler writes there
+    (shadow,) = [p for p in api.objects("", "pods", system) if p["metadata"]["name"].startswith("spot1-shadow")]
     assert shadow["spec"]["nodeName"] == "n1"
     assert shadow["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
     assert shadow["metadata"]["annotations"][keys.POD_DEVICE_TYPE] == "shadow"
+    assert shadow["metadata"]["labels"][keys.SHADOW_POD_LABEL] == "true"
     owners = {}
     for name in ("s-0", "s-1"):
         bound = api.get("", "pods", name, "ml")
         assert bound is not None and bound["spec"]["nodeName"] == "n1"
         owners.update(json.loads(bound["metadata"]["annotations"][keys.DEVICE_OWNER]))
-    shadow_container = f"ml/{shadow['metadata']['name']}/main"
+    shadow_container = f"{system}/{shadow['metadata']['name']}/main"
     assert owners == {"GPU-a": shadow_container, "GPU-b": shadow_container}
     group = api.get(keys.API_GROUP, "podgroups", "spot1", "ml")
     assert group is not None and group["status"]["phase"] == "Running"
@@ -204,7 +206,7 @@ def test_a_failed_shadow_pod_blocks_the_binds_that_need_it(api: KubeApiServer, l
     cluster(api)
     spot_gang(api)
     settle(api, loop)
-    api.inject_fault("POST", r"/namespaces/ml/pods$", 403, reason="Forbidden", times=-1)
+    api.inject_fault("POST", rf"/namespaces/{keys.DEFAULT_SHADOW_NAMESPACE}/pods$", 403, reason="Forbidden", times=-1)
     out = loop.run_once()
     assert out.report is not None
     assert [type(d).__name__ for d, _ in out.report.failed] == ["CreateShadowPod"]

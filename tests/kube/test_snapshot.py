@@ -155,7 +155,8 @@ def test_what_the_scheduler_placed_claims_unallocated_gpus_until_the_agent_repor
     shadow = {
         "metadata": {
             "name": "sh",
-            "namespace": "ml",
+            "namespace": SYSTEM,
+            "labels": {keys.SHADOW_POD_LABEL: "true"},
             "annotations": {
                 keys.POD_DEVICE_TYPE: "shadow",
                 keys.SHADOW_FOR: "ml/s",
@@ -177,10 +178,68 @@ def test_what_the_scheduler_placed_claims_unallocated_gpus_until_the_agent_repor
     }
     b = build(pods=[shadow, stolen])
     (gpu_a, gpu_b) = b.snapshot.nodes[0].gpus
-    assert gpu_a.owner == ContainerRef("ml", "sh", "main")  # claimed by the ShadowPod
+    assert gpu_a.owner == ContainerRef(SYSTEM, "sh", "main")  # claimed by the ShadowPod
     assert gpu_b.owner == ContainerRef("dev", "alice", "main")  # held by someone else: the shadow is left out
     assert [x.ref.name for x in b.snapshot.shadows] == ["sh"]
-    assert [s.key for s in b.skipped] == ["ml/sh2"]
+    assert [s.key for s in b.skipped] == [f"{SYSTEM}/sh2"]
+
+
+SYSTEM = keys.DEFAULT_SHADOW_NAMESPACE
+
+
+def _shadow_like(namespace: str, labels: dict[str, str], assigned: list[str]) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "fake-shadow",
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {
+                keys.POD_DEVICE_TYPE: "shadow",
+                keys.SHADOW_FOR: f"{namespace}/s",
+                keys.ASSIGNED_DEVICES: json.dumps({"nvidia.com/gpu": assigned}),
+            },
+        },
+        "spec": {
+            "nodeName": "n1",
+            "schedulerName": "spotgpu",
+            "containers": [{"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("namespace", "labels", "why"),
+    [
+        ("ml", {keys.SHADOW_POD_LABEL: "true"}, "namespace spotgpu-system"),  # a tenant's namespace
+        (SYSTEM, {}, f"label {keys.SHADOW_POD_LABEL}=true"),  # no label
+        ("ml", {}, "namespace spotgpu-system"),  # the annotation alone (the defect)
+    ],
+)
+def test_a_forged_shadow_pod_is_an_ordinary_pod_counted_and_never_holds_what_it_claims(
+    namespace: str, labels: dict[str, str], why: str
+) -> None:
+    """A tenant's pod annotated ``pod-device-type: shadow`` (and ``assigned-devices`` naming an
+    unallocated GPU) is no ShadowPod: no GPU becomes "held by a ShadowPod" (lendable at once, owner
+    for spot pods), and the forgery is reported."""
+    b = build(pods=[_shadow_like(namespace, labels, ["GPU-a"])])
+    assert b.snapshot.shadows == ()
+    (pod,) = b.snapshot.pods  # the ordinary reserved pod it is
+    assert not pod.request.is_spot and pod.ref == PodRef(namespace, "fake-shadow")
+    (forged,) = b.forged_shadows
+    assert forged.kind == "ForgedShadowPod" and why in forged.reason
+    authentic = build(pods=[_shadow_like(SYSTEM, {keys.SHADOW_POD_LABEL: "true"}, ["GPU-a"])])
+    assert [x.ref for x in authentic.snapshot.shadows] == [PodRef(SYSTEM, "fake-shadow")]
+    assert authentic.forged_shadows == ()
+
+
+def test_a_shadow_pod_holds_what_the_agent_reports_not_what_its_annotation_says() -> None:
+    state = {
+        "GPU-a": {"owner": f"{SYSTEM}/fake-shadow/main", "health": "Healthy"},
+        "GPU-b": {"owner": "IdleSpace", "health": "Healthy"},
+    }
+    b = build(nodes=[node(state=state)], pods=[_shadow_like(SYSTEM, {keys.SHADOW_POD_LABEL: "true"}, ["GPU-b"])])
+    (shadow,) = b.snapshot.shadows
+    assert shadow.devices == ("GPU-a",)
 
 
 def spot_pod(name: str, gpu: str, *, milli: int | None = None, created: str = "2024-01-01T00:00:00Z") -> dict[str, Any]:

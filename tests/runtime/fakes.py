@@ -148,7 +148,8 @@ class FakeGuard:
 
 def standard_lookup() -> FakeLookup:
     """Owner ``team-a/dev-box/main`` holds GPU-a and GPU-b (lent); a ShadowPod in spotgpu-system
-    holds GPU-c; GPU-d is unallocated; spot ``team-a/spot-job/worker`` holds the twins of a, c, d."""
+    holds GPU-c; GPU-d is unallocated; spot ``team-a/spot-job/worker`` holds the twins of a, c, d.
+    The agent says every GPU is lendable now."""
     return FakeLookup(
         pods=[
             pod(OWNER, (GPU, ["GPU-a", "GPU-b"])),
@@ -156,6 +157,7 @@ def standard_lookup() -> FakeLookup:
             pod(SPOT_CTR, (SPOT, ["spot-GPU-a", "spot-GPU-c", "spot-GPU-d"])),
         ],
         owners={"GPU-a": OWNER, "GPU-b": OWNER, "GPU-c": SHADOW, "GPU-d": IDLE_SPACE},
+        lendable={"GPU-a": True, "GPU-b": True, "GPU-c": True, "GPU-d": True},
     )
 
 

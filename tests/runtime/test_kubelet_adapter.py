@@ -30,7 +30,7 @@ from spotgpu.testing.kubelet import (
     VendorPluginDouble,
 )
 
-from .fakes import OWNER, SPOT_CTR, kubelet_pods, spot_spec
+from .fakes import OWNER, SPOT_CTR, cri, kubelet_pods, make_spec, spot_spec
 
 GPU = ResourceName("nvidia.com/gpu")
 DEVICES = [VendorDevice("GPU-a", "/dev/null", "/dev/nvidia0", 0), VendorDevice("GPU-b", "/dev/zero", "/dev/nvidia1", 1)]
@@ -149,7 +149,7 @@ def test_the_engine_over_real_grpc(tmp_path: Path, pod_resources: PodResourcesDo
         device_plugin_dir=plugin_dir, pod_resources_socket=pod_resources.socket, probe_device_plugins=False
     )
     with VendorPluginDouble(plugin_dir, "nvidia.com/gpu", DEVICES):
-        lookup = KubeletNodeLookup.from_config(config, cache.get_device_owner)
+        lookup = KubeletNodeLookup.from_config(config, cache.get_device_owner, lendable=lambda d: True)
         try:
             new, _ = SpecEngine(config, lookup, LinuxHost(), guard=None).modify(
                 spot_spec({"_/dev-box/main": {"nvidia.com/gpu": ["GPU-a"]}})
@@ -170,9 +170,13 @@ def test_the_engine_over_real_grpc(tmp_path: Path, pod_resources: PodResourcesDo
     assert SPOT_CTR.format() == "team-a/spot-job/worker"
 
 
-def test_local_fallback_runs_the_chain_in_the_wrapper(tmp_path: Path, pod_resources: PodResourcesDouble) -> None:
+def test_local_fallback_runs_the_chain_in_the_wrapper_and_never_syncs(
+    tmp_path: Path, pod_resources: PodResourcesDouble
+) -> None:
     """The agent is unreachable and ``fallback: local``: the wrapper runs the chain itself, with
-    owners from the agent's record file, and the spec is modified as the service would have."""
+    owners from the agent's record file. Nobody can say whether a GPU is lent now, so a device
+    sync is refused (the lend rule fails closed) and the spec is untouched; an annotation env
+    is still applied as the service would have."""
     from spotgpu.runtime.ownerstate import write_owner_state
     from spotgpu.runtime.wrapper import decide
 
@@ -187,17 +191,8 @@ def test_local_fallback_runs_the_chain_in_the_wrapper(tmp_path: Path, pod_resour
     )
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    (bundle / "config.json").write_text(json.dumps(spot_spec({"_/dev-box/main": {"nvidia.com/gpu": ["GPU-a"]}})))
-    with VendorPluginDouble(plugin_dir, "nvidia.com/gpu", DEVICES):
-        _, code = decide(
-            ["create", "--bundle", str(bundle), "cid"],
-            agent_socket=str(tmp_path / "absent.sock"),
-            fallback=((), str(config)),
-        )
-    assert code is None
-    assert "NVIDIA_VISIBLE_DEVICES=GPU-a" in json.loads((bundle / "config.json").read_text())["process"]["env"]
-    (tmp_path / "owners.json").unlink()  # without the owner record the fallback refuses
-    (bundle / "config.json").write_text(json.dumps(spot_spec({"_/dev-box/main": {"nvidia.com/gpu": ["GPU-a"]}})))
+    spec = json.dumps(spot_spec({"_/dev-box/main": {"nvidia.com/gpu": ["GPU-a"]}}))
+    (bundle / "config.json").write_text(spec)
     with VendorPluginDouble(plugin_dir, "nvidia.com/gpu", DEVICES):
         _, code = decide(
             ["create", "--bundle", str(bundle), "cid"],
@@ -205,3 +200,13 @@ def test_local_fallback_runs_the_chain_in_the_wrapper(tmp_path: Path, pod_resour
             fallback=((), str(config)),
         )
     assert code == 1
+    assert (bundle / "config.json").read_text() == spec
+    env_only = make_spec({**cri(SPOT_CTR), keys.CONTAINER_ENV_PREFIX: json.dumps({"MODE": "fast"})})
+    (bundle / "config.json").write_text(json.dumps(env_only))
+    _, code = decide(
+        ["create", "--bundle", str(bundle), "cid"],
+        agent_socket=str(tmp_path / "absent.sock"),
+        fallback=((), str(config)),
+    )
+    assert code is None
+    assert "MODE=fast" in json.loads((bundle / "config.json").read_text())["process"]["env"]

@@ -90,7 +90,7 @@ def test_devices_replaces_an_existing_env_and_device_node_in_place() -> None:
         {"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229},
     ]
     new = modified(spec)
-    assert new["process"]["env"][0] == "NVIDIA_VISIBLE_DEVICES=GPU-a"
+    assert "NVIDIA_VISIBLE_DEVICES=GPU-a" in new["process"]["env"]  # the spot container's own were stripped
     assert sum(e.startswith("NVIDIA_VISIBLE_DEVICES=") for e in new["process"]["env"]) == 1
     assert [(d["path"], d["major"]) for d in new["linux"]["devices"]] == [("/dev/nvidia0", 195), ("/dev/fuse", 10)]
 
@@ -146,11 +146,11 @@ def test_a_suffixed_request_applies_to_its_container_only() -> None:
     assert modified(sidecar) == sidecar
 
 
-def test_sandboxes_are_never_modified() -> None:
-    spec = make_spec(
-        {**cri(SPOT_CTR, kind="sandbox"), keys.DEVICES_FROM_PREFIX: json.dumps(FROM_OWNER), keys.GUARDED: "x"}
-    )
+def test_sandboxes_get_no_sync_and_lose_only_what_we_alone_may_write() -> None:
+    spec = make_spec({**cri(SPOT_CTR, kind="sandbox"), keys.DEVICES_FROM_PREFIX: json.dumps(FROM_OWNER)})
     assert modified(spec) == spec
+    forged = make_spec({**spec["annotations"], keys.GUARDED: "x"})
+    assert modified(forged) == spec
 
 
 def test_conflicting_mounts_from_two_plugins_are_refused() -> None:

@@ -1,190 +1,40 @@
 """spotgpu-runtime with real runc and a real containerd (root).
 
 The installed shell fast path runs as the OCI runtime; the runtime service runs in this test
-process (as the agent would host it) on real gRPC clients. No kubelet and no GPU can run here,
-so the kubelet's pod-resources API and an NVIDIA-like device plugin are the protocol-level
-doubles of :mod:`spotgpu.testing.kubelet` (real gRPC on unix sockets), and the GPU is a
-harmless stand-in: a character device with /dev/null's numbers (1, 3) that the plugin exposes
-as ``/dev/nvidia0``. containerd is a private instance (root, state and socket under tmp_path)
-that runs our script through ``ctr run --runc-binary``.
+process (as the agent would host it) on real gRPC clients (the rig: :mod:`.realrig`). No kubelet
+and no GPU can run here, so the kubelet's pod-resources API and an NVIDIA-like device plugin are
+the protocol-level doubles of :mod:`spotgpu.testing.kubelet`, and the GPU is a harmless stand-in
+(a character device with /dev/null's numbers that the plugin exposes as ``/dev/nvidia0``).
+containerd is a private instance (root, state and socket under tmp_path) that runs our script
+through ``ctr run --runc-binary``. The attacks on this path are in :mod:`.test_real_attacks`.
 """
 
 from __future__ import annotations
 
-import array
 import json
-import os
-import socket
-import stat
-import subprocess
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from spotgpu.core import keys
-from spotgpu.core.mapping_cache import MappingCache
-from spotgpu.core.refs import ContainerRef
-from spotgpu.runtime.config import RuntimeConfig
-from spotgpu.runtime.engine import SpecEngine
-from spotgpu.runtime.node import KubeletNodeLookup, LinuxHost
-from spotgpu.runtime.service import RuntimeService
-from spotgpu.runtime.shim import install_shim
-from spotgpu.testing.containerd import Containerd, make_bundle, make_rootfs
-from spotgpu.testing.kubelet import (
-    PodResourcesDouble,
-    VendorDevice,
-    VendorPluginDouble,
-)
+from spotgpu.testing.containerd import Containerd
 
-from .fakes import cri, devices_from, kubelet_pods
+from .fakes import cri
+from .realrig import OWNER, PROBE, GuardListener, Rig, real_rig, runc_run, spot_annotations, unique
 
 pytestmark = pytest.mark.root
-
-OWNER = ContainerRef("team-a", "dev-box", "main")
-SPOT = ContainerRef("team-a", "spot-job", "worker")
-PROBE = (
-    "ls -l /dev/nvidia0; head -c 1 /dev/nvidia0 && echo OPEN-OK; "
-    "cat /usr/local/nvidia/lib/libfake.txt; echo VISIBLE=$NVIDIA_VISIBLE_DEVICES"
-)
-
-
-class GuardListener:
-    """A seccomp listener like the guard's: records the state JSON and closes each notify fd."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.states: list[dict[str, Any]] = []
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.bind(str(path))
-        self.sock.listen()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(5)
-                try:
-                    data, ancdata, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(4 * 4))
-                except OSError:
-                    continue
-                for level, kind, payload in ancdata:
-                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                        for fd in array.array("i", payload[: len(payload) - len(payload) % 4]):
-                            os.close(fd)
-                if data:
-                    self.states.append(json.loads(data))
-
-    def close(self) -> None:
-        self.sock.close()
-        self.path.unlink(missing_ok=True)
-
-
-@dataclass
-class Rig:
-    root: Path
-    shim: Path
-    rootfs: Path
-    calls: Path
-    pod_resources: PodResourcesDouble
-    cache: MappingCache
-    listener_path: Path
-    extra: list[Any] = field(default_factory=list)
-
-    def bundle(
-        self, name: str, annotations: dict[str, str], script: str = PROBE, env: tuple[str, ...] = ("PATH=/bin",)
-    ) -> Path:
-        bundle = self.root / "bundles" / name
-        make_bundle(bundle, self.rootfs, ["sh", "-c", script], env=env, annotations=annotations)
-        return bundle
 
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
-    # A stand-in GPU (/dev/null's numbers) and a "driver" directory the plugin mounts.
-    gpu = tmp_path / "dev" / "nvidia0"
-    gpu.parent.mkdir()
-    os.mknod(gpu, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-    driver = tmp_path / "driver"
-    (driver / "lib").mkdir(parents=True)
-    (driver / "lib" / "libfake.txt").write_text("FAKE-DRIVER-LIB\n")
-    plugin_dir = tmp_path / "device-plugins"
-    calls = tmp_path / "lower-calls"
-    lower = tmp_path / "lower-runc"
-    lower.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec runc "$@"\n')
-    lower.chmod(0o755)
-    listener_path = tmp_path / "guard.sock"
-    config = RuntimeConfig(
-        lower_runtime=str(lower),
-        agent_socket=tmp_path / "agent.sock",
-        device_plugin_dir=plugin_dir,
-        pod_resources_socket=tmp_path / "pod-resources" / "kubelet.sock",
-        guard_listener_path=listener_path,
-    )
-    cache = MappingCache()
-    cache.create(OWNER, ["GPU-a", "GPU-b"])
-    with (
-        PodResourcesDouble(config.pod_resources_socket) as pod_resources,
-        VendorPluginDouble(
-            plugin_dir,
-            "nvidia.com/gpu",
-            [VendorDevice("GPU-a", str(gpu), "/dev/nvidia0", 0), VendorDevice("GPU-b", "/dev/zero", "/dev/nvidia1", 0)],
-            mounts=[("/usr/local/nvidia", str(driver), True)],
-        ),
-    ):
-        pod_resources.set_pods(kubelet_pods())
-        lookup = KubeletNodeLookup.from_config(config, cache.get_device_owner)
-        try:
-            with RuntimeService(config.agent_socket, SpecEngine(config, lookup, LinuxHost())):
-                shim = install_shim(tmp_path / "shim", config)
-                yield Rig(tmp_path, shim, make_rootfs(tmp_path / "rootfs"), calls, pod_resources, cache, listener_path)
-        finally:
-            lookup.close()
-
-
-def spot_annotations(sources: dict[str, dict[str, list[str]]]) -> dict[str, str]:
-    return {**cri(SPOT), keys.DEVICES_FROM_PREFIX: devices_from(sources)}
+    with real_rig(tmp_path) as rig:
+        yield rig
 
 
 # --- real runc --------------------------------------------------------------------------------------
-
-
-def runc_run(rig: Rig, bundle: Path, container_id: str) -> tuple[int, str]:
-    """``create`` through the shim (as the shim would), then runc ``start``; the container's output."""
-    state_root, out_path = rig.root / "runc-root", bundle / "out.txt"
-    log = bundle / "log.json"
-    try:
-        with out_path.open("w") as out:
-            created = subprocess.run(
-                [str(rig.shim), "--root", str(state_root), "--log", str(log), "--log-format", "json", "create",
-                 "--bundle", str(bundle), "--pid-file", str(bundle / "init.pid"), container_id],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=60, check=False,
-            )  # fmt: skip
-        if created.returncode != 0:
-            return created.returncode, out_path.read_text()
-        subprocess.run(["runc", "--root", str(state_root), "start", container_id], check=True, timeout=30)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            state = subprocess.run(
-                ["runc", "--root", str(state_root), "state", container_id], capture_output=True, text=True, check=False
-            )
-            if state.returncode != 0 or json.loads(state.stdout)["status"] == "stopped":
-                break
-            time.sleep(0.05)
-        return 0, out_path.read_text()
-    finally:
-        subprocess.run(
-            ["runc", "--root", str(state_root), "delete", "--force", container_id], capture_output=True, check=False
-        )
 
 
 def test_runc_container_sees_the_synced_device_env_and_mounts(rig: Rig) -> None:
@@ -284,9 +134,3 @@ def _verb(line: str) -> str:
     from spotgpu.runtime.argv import parse
 
     return parse(line.split()).command or ""
-
-
-def unique(name: str) -> str:
-    """A container ID no concurrent test run uses: containerd's shim keeps runc state in the
-    global /run/containerd/runc/<namespace>, even for a private containerd."""
-    return f"{name}-{os.getpid()}-{time.monotonic_ns() % 10**9}"

@@ -11,14 +11,26 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
+from spotgpu.agent.model import build_mapping, twin_ids
+from spotgpu.agent.node_ports import AllocatedDevices, GpuDevice
 from spotgpu.core.codec import parse_devices_from
-from spotgpu.core.ids import shared_resource_of
+from spotgpu.core.ids import DeviceID, shared_resource_of
 from spotgpu.core.mapping_cache import IDLE_SPACE
-from spotgpu.core.refs import ContainerRef
+from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.runtime.config import RuntimeConfig
 from spotgpu.runtime.providers import default_providers
-from spotgpu.runtime.sync import RefusalReason, SyncPlan, SyncPolicy, SyncRefused, plan_sync
+from spotgpu.runtime.sync import (
+    RefusalReason,
+    ResolvedDevice,
+    SyncPlan,
+    SyncPolicy,
+    SyncRefused,
+    authorize,
+    plan_sync,
+)
 
 from .fakes import GPU, NS, OWNER, SHADOW, SPOT, SPOT_CTR, SYSTEM_NS, FakeLookup, devices_from, pod, standard_lookup
 
@@ -201,16 +213,64 @@ def test_twins_of_another_container_do_not_count() -> None:
     assert info.value.reason is RefusalReason.TWIN_NOT_ALLOCATED
 
 
-@pytest.mark.parametrize(("lendable", "granted"), [(True, True), (None, True), (False, False)])
+@pytest.mark.parametrize(("lendable", "granted"), [(True, True), (None, False), (False, False)])
 def test_lend_rule_a_device_whose_owner_is_back_is_never_synced(lendable: bool | None, granted: bool) -> None:
     """The kubelet granted the twin while the owner was away; once the agent says the GPU is no
-    longer lent (owner active or being evicted), the grant is refused. Unknown (no agent) passes."""
+    longer lent (owner active or being evicted), the grant is refused. Unknown (the agent cannot
+    say) is refused too: the lend rule fails closed."""
     lookup = standard_lookup()
-    if lendable is not None:
+    if lendable is None:
+        del lookup.lendable["GPU-a"]
+    else:
         lookup.lendable["GPU-a"] = lendable
     if granted:
         assert [d.device for d in plan({"_/dev-box/main": {"nvidia.com/gpu": ["GPU-a"]}}, lookup).devices] == ["GPU-a"]
         return
-    with pytest.raises(SyncRefused, match="not lent out now") as info:
+    with pytest.raises(SyncRefused, match=r"not lent out now|cannot say") as info:
         plan({"_/dev-box/main": {"nvidia.com/gpu": ["GPU-a"]}}, lookup)
     assert info.value.reason is RefusalReason.NOT_LENT
+
+
+# --- the agent and the runtime read twin IDs alike (issue 12, item 2) ------------------------------
+
+_REALS = st.frozensets(
+    st.sampled_from(["GPU-a", "GPU-a::0", "GPU-a::1", "GPU-a::1::0", "GPU-b", "GPU-b::1"]), min_size=1
+)
+
+
+@given(_REALS, st.integers(min_value=1, max_value=3), st.data())
+def test_the_runtime_grants_exactly_the_gpu_the_agent_records_the_twin_on(
+    reals: frozenset[str], replicas: int, data: st.DataObject
+) -> None:
+    """Whatever shapes the node's real IDs have, a spot container holding any twin the agent
+    serves may sync exactly the one GPU the agent records it using (the GPU whose owner's return
+    evicts it), and no other."""
+    devices = [GpuDevice(DeviceID(r), i) for i, r in enumerate(sorted(reals))]
+    served = twin_ids(devices, replicas)
+    assume(served)
+    twin = data.draw(st.sampled_from(sorted(served)))
+    spot_ref = PodRef(NS, SPOT_CTR.pod)
+    alloc = AllocatedDevices(spot_ref, SPOT_CTR.name, SPOT, (DeviceID(twin),))
+    build = build_mapping(devices, [alloc], {}, gpu_resource=GPU, spot_resource=SPOT)
+    used = {d.device for e in build.snapshot.owners for d in e.devices if spot_ref in d.users}
+    lookup = FakeLookup(
+        pods=[pod(SPOT_CTR, (SPOT, [twin]))],
+        owners=dict.fromkeys(reals, OWNER),
+        lendable=dict.fromkeys(reals, True),
+    )
+    granted = set()
+    for real in reals:
+        try:
+            authorize(
+                [ResolvedDevice(GPU, DeviceID(real), OWNER)],
+                SPOT_CTR,
+                lookup.pod(NS, SPOT_CTR.pod),
+                lookup.device_owner,
+                POLICY,
+                lendable=lookup.device_lendable,
+            )
+        except SyncRefused as exc:
+            assert exc.reason is RefusalReason.TWIN_NOT_ALLOCATED
+        else:
+            granted.add(real)
+    assert granted == used == {served[DeviceID(twin)]}

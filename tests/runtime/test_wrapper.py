@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spotgpu.core import keys
 from spotgpu.runtime import protocol
 from spotgpu.runtime.service import RuntimeService
 from spotgpu.runtime.shim import WRAPPER_FILES, package_root
-from spotgpu.runtime.wrapper import SYNC_MARKERS, decide, log_line
+from spotgpu.runtime.wrapper import SYNC_MARKERS, WRITTEN_MARKERS, decide, log_line
 
 from .fakes import OWNER, FakeGuard, cri, engine, make_spec, spot_spec
 
@@ -166,6 +168,25 @@ def test_log_lines_match_runc_formats() -> None:
 
 def test_sync_markers_are_the_annotation_keys() -> None:
     assert (keys.DEVICES_FROM_PREFIX.encode(), keys.CONTAINER_ENV_PREFIX.encode()) == SYNC_MARKERS
+    assert tuple(k.encode() for k in keys.RUNTIME_WRITTEN) == WRITTEN_MARKERS
+
+
+@settings(max_examples=25)
+@given(st.integers(min_value=0, max_value=64), st.sampled_from([*SYNC_MARKERS, *WRITTEN_MARKERS]))
+def test_markers_past_the_read_window_are_found_wherever_they_fall(offset: int, marker: bytes) -> None:
+    """A marker beyond the first MAX_SPEC_BYTES is found, also when it straddles two reads."""
+    import tempfile
+
+    from spotgpu.runtime import protocol
+    from spotgpu.runtime.wrapper import _CHUNK, _read_spec
+
+    with tempfile.NamedTemporaryFile() as f:
+        f.write(b" " * (protocol.MAX_SPEC_BYTES + _CHUNK - offset) + marker + b" " * 8)
+        f.flush()
+        read = _read_spec(f.name, (*SYNC_MARKERS, *WRITTEN_MARKERS))
+    assert read is not None
+    head, found = read
+    assert len(head) == protocol.MAX_SPEC_BYTES + 1 and found == {marker}
 
 
 # --- the wrapper as the host runs it -----------------------------------------------------------

@@ -142,7 +142,7 @@ def test_shadow_pod_and_nomination_metadata() -> None:
         PodRef("team", "s"),
     )
     assert create.container_ref == ContainerRef("team", "s-shadow-1", "main")
-    assert create.labels() == {keys.SHADOW_FOR: "s"}
+    assert create.labels() == {keys.SHADOW_FOR: "s", keys.SHADOW_POD_LABEL: "true"}
     ann = create.annotations()
     assert ann[keys.POD_DEVICE_TYPE] == "shadow"
     assert ann[keys.SHADOW_FOR] == "team/s"

@@ -45,14 +45,16 @@ def test_unallocated_gpus_get_a_shadow_pod_that_owns_them() -> None:
     snap = snapshot([MakeNode("n1", 4).obj()], [gang("s", 2, spot_gpus=1, spot=SpotPriority.SPOTMID)])
     result = run_cycle(snap, now=5.0)
     (shadow,) = result.shadow_creations
-    assert shadow.node == "n1" and shadow.group == ref("s") and shadow.pod.namespace == "default"
+    assert (
+        shadow.node == "n1" and shadow.group == ref("s") and shadow.pod.namespace == "spotgpu-system"
+    )  # never the gang's: scheduler-only
     assert shadow.resource == "nvidia.com/gpu"
     assert sorted(shadow.devices) == sorted(d for b in result.binds for d in b.devices)
     for bind in result.binds:
         assert bind.spot and bind.resource == "platform/spot-gpu"
         assert bind.owner_map() == dict.fromkeys(bind.devices, shadow.container_ref)
         owner_json = json.loads(bind.annotations()[keys.DEVICE_OWNER])
-        assert owner_json == dict.fromkeys(bind.devices, f"default/{shadow.pod.name}/main")
+        assert owner_json == dict.fromkeys(bind.devices, f"spotgpu-system/{shadow.pod.name}/main")
     decisions = list(result.decisions())
     assert decisions.index(shadow) < min(decisions.index(b) for b in result.binds)
 

@@ -142,7 +142,7 @@ def test_a_reserved_pod_given_a_spot_users_gpu_fails_the_run() -> None:
 
     with pytest.raises(
         InvariantViolation,
-        match=r"is double-booked: held by spot/s-00000-shadow-.*, now reserved pod reserved/r-00000-0-0",
+        match=r"is double-booked: held by spotgpu-system/s-00000-shadow-.*, now reserved pod reserved/r-00000-0-0",
     ):
         run(s, scheduler=_inject(bind_reserved_over_spot))
 

@@ -18,8 +18,9 @@ Metric names (all prefixed ``spotgpu_agent_``):
   stopped; ``eviction_complete_seconds{reason}``: to the guard released;
 * ``lent_gpu_seconds_total``: seconds GPUs of idle owners were lent (twin Healthy);
   ``spot_gpu_seconds_total``: seconds lent or unallocated GPUs had spot users on them;
-* ``twin_healthy{device}``: 1 when the twin of real ``device`` is Healthy;
-  ``owners{state}``: owner containers by lending state;
+* ``twin_healthy{device}``: 1 when real ``device`` is lendable (its twin Healthy, unless no
+  container holds it yet); ``owners{state}``: owner containers by lending state;
+  ``forged_shadow_pods``: pods on this node claiming to be ShadowPods without being authentic;
 * ``detector_errors_total{kind}``, ``collector_errors_total{source,kind}``,
   ``task_stop_failures_total``, ``pod_delete_failures_total``, ``detect_cycle_seconds``;
 * ``runtime_answers_total{answer,reason}``: spotgpu-runtime's service answers (``unchanged``,
@@ -133,6 +134,11 @@ class AgentMetrics:
         self.owners_unguarded = Gauge(
             "spotgpu_agent_owners_unguarded",
             "Owners the return guard does not cover now that are idle and refused, or lent poll-only",
+            registry=r,
+        )
+        self.forged_shadow_pods = Gauge(
+            "spotgpu_agent_forged_shadow_pods",
+            "Pods holding GPUs on this node that claim to be ShadowPods but are not (treated as owners)",
             registry=r,
         )
         self._server: ThreadingHTTPServer | None = None

@@ -132,7 +132,8 @@ class LendStateFile:
 
     def save(self, lent: Sequence[LentOwner], learned: Mapping[ContainerRef, LearnedOwner] | None = None) -> None:
         try:
-            write_atomic(self.path, encode(lent, learned), mode=0o600, durable=False)  # no fsync: see the module docstring
+            # no fsync: see the module docstring
+            write_atomic(self.path, encode(lent, learned), mode=0o600, durable=False)
         except OSError as exc:
             raise TemporaryError(f"lending record {self.path}: {exc.strerror}") from None
 

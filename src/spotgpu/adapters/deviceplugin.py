@@ -11,8 +11,14 @@ Life cycle (protocols.md 1.5/1.6, the order real kubelets require):
    GetDevicePluginOptions before answering), 3. stream the full device list on ListAndWatch
    at once and again on every change.
 4. A starting kubelet deletes every socket in the directory, ours included: the watcher sees
-   our socket gone (or ``kubelet.sock`` replaced), stops the old server, serves on a fresh
-   socket and registers again (retrying with backoff while ``kubelet.sock`` is missing).
+   our socket gone, stops the old server, serves on a fresh socket and registers again. A
+   kubelet that restarts without deleting our socket only re-creates ``kubelet.sock``: the
+   watcher registers again whenever it sees ``kubelet.sock`` missing, or a different file there
+   than the one it registered with. A file is known by device, inode *and* change time
+   (nanoseconds), because a re-created socket may get the freed inode number back.
+   While ``kubelet.sock`` is missing the watcher looks every ``watch_interval`` (no backoff: a
+   ``stat`` is cheap) and registers as soon as it is back; only failing Register calls back
+   off, to at most :data:`MAX_REGISTER_BACKOFF`.
 5. :meth:`stop` ends every ListAndWatch stream, stops the server and removes our socket.
 
 Allocate: each ContainerAllocateRequest is answered with the annotations the agent's
@@ -50,6 +56,11 @@ log = logging.getLogger(__name__)
 API_VERSION = "v1beta1"
 MAX_SOCKET_PATH = 107
 """Longest unix socket path (``sun_path`` holds 108 bytes with the terminating NUL)."""
+MAX_REGISTER_BACKOFF = 1.0
+"""Longest wait between two failing Register calls while ``kubelet.sock`` exists (seconds)."""
+
+FileIdentity = tuple[int, int, int]
+"""``(st_dev, st_ino, st_ctime_ns)``: which file a path names."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +75,14 @@ PreferredFn = Callable[[Sequence[str], Sequence[str], int], Sequence[str]]
 """``(available, must_include, allocation_size) -> preferred IDs`` for one container request."""
 
 
-def _inode(path: Path) -> int | None:
+def _identity(path: Path) -> FileIdentity | None:
+    """Which file ``path`` is now (None: none). The change time tells a re-created socket that got
+    the old inode number back from the old one."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return st.st_ino
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 class DevicePluginServer:
@@ -104,8 +117,8 @@ class DevicePluginServer:
         self._version = 0
         self._stopping = False
         self._server: grpc.Server | None = None
-        self._served_inode: int | None = None
-        self._kubelet_inode: int | None = None
+        self._served: FileIdentity | None = None
+        self._kubelet_file: FileIdentity | None = None
         self._registered = False
         self._thread: threading.Thread | None = None
         self._stop_event = threading.Event()
@@ -167,9 +180,9 @@ class DevicePluginServer:
             self._thread.join(timeout=10)
             self._thread = None
         self._shutdown_server()
-        if self._served_inode is not None and _inode(self.socket) == self._served_inode:
+        if self._served is not None and _identity(self.socket) == self._served:
             self.socket.unlink(missing_ok=True)
-        self._served_inode = None
+        self._served = None
         self._registered = False
 
     def _serve(self) -> None:
@@ -180,7 +193,7 @@ class DevicePluginServer:
         server.add_insecure_port(f"unix://{self.socket}")
         server.start()
         self._server = server
-        self._served_inode = _inode(self.socket)
+        self._served = _identity(self.socket)
         log.info("device plugin for %s serving on %s", self.resource, self.socket)
 
     def _shutdown_server(self) -> None:
@@ -191,8 +204,8 @@ class DevicePluginServer:
             server.stop(grace=0.5).wait(5)
 
     def _try_register(self) -> bool:
-        kubelet_inode = _inode(self.kubelet_socket)
-        if kubelet_inode is None:
+        kubelet_file = _identity(self.kubelet_socket)
+        if kubelet_file is None:
             self._registered = False
             return False
         request = dp.RegisterRequest(
@@ -208,30 +221,44 @@ class DevicePluginServer:
             log.warning("registering %s with the kubelet failed: %s: %s", self.resource, exc.code().name, exc.details())
             self._registered = False
             return False
-        self._kubelet_inode = kubelet_inode
+        self._kubelet_file = kubelet_file
         self._registered = True
         self.registrations += 1
         log.info("registered %s with the kubelet (endpoint %s)", self.resource, self.socket.name)
         return True
 
     def _watch(self) -> None:
-        backoff = self._watch_interval
-        while not self._stop_event.wait(backoff if not self._registered else self._watch_interval):
+        wait = backoff = self._watch_interval
+        while not self._stop_event.wait(wait):
+            wait = self._watch_interval
             try:
-                ours = _inode(self.socket)
-                kubelet = _inode(self.kubelet_socket)
-                if ours is None or ours != self._served_inode:
-                    log.info("our socket %s was removed (kubelet restart): serving again", self.socket)
-                    self._shutdown_server()
-                    self._serve()
-                    self._registered = False
-                elif self._registered and kubelet is not None and kubelet != self._kubelet_inode:
-                    log.info("kubelet.sock was re-created: registering again")
-                    self._registered = False
-                if not self._registered:
-                    backoff = self._watch_interval if self._try_register() else min(backoff * 2, 5.0)
+                if self._check_sockets() and not self._try_register():
+                    backoff = min(backoff * 2, MAX_REGISTER_BACKOFF)
+                    wait = backoff
+                else:
+                    backoff = self._watch_interval
             except Exception:  # the watcher must survive anything; the next round retries
                 log.exception("device plugin watcher round failed")
+
+    def _check_sockets(self) -> bool:
+        """One look at both sockets; True when a registration is due now (``kubelet.sock`` is there
+        and we are not registered with the file it is)."""
+        ours = _identity(self.socket)
+        kubelet = _identity(self.kubelet_socket)
+        if ours is None or ours != self._served:
+            log.info("our socket %s was removed (kubelet restart): serving again", self.socket)
+            self._shutdown_server()
+            self._serve()
+            self._registered = False
+        if kubelet is None:
+            if self._registered:
+                log.info("kubelet.sock is gone (kubelet restart): registering again once it is back")
+            self._registered = False
+            return False
+        if self._registered and kubelet != self._kubelet_file:
+            log.info("kubelet.sock was re-created: registering again")
+            self._registered = False
+        return not self._registered
 
     # -- RPC bodies (called from gRPC threads) ----------------------------------------------
     def _list_and_watch(self, context: grpc.ServicerContext) -> Iterator[dp.ListAndWatchResponse]:
@@ -328,4 +355,4 @@ class _Servicer(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
         return dp.PreStartContainerResponse()
 
 
-__all__ = ["API_VERSION", "AllocateFn", "DevicePluginServer", "PreferredFn", "TwinDevice"]
+__all__ = ["API_VERSION", "MAX_REGISTER_BACKOFF", "AllocateFn", "DevicePluginServer", "PreferredFn", "TwinDevice"]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
-from spotgpu.agent.model import AllocateRefused, TwinView, allocate_annotations, device_index
+from spotgpu.agent.model import AllocateRefused, Sources, TwinView, allocate_annotations, device_index
 from spotgpu.agent.node_ports import AllocatedDevices, GpuDevice
 from spotgpu.agent.ports import PodInfo
 from spotgpu.agent.settings import SolverSettings
@@ -32,12 +32,12 @@ from spotgpu.agent.steer import (
     TwinKind,
     TwinPool,
     admission_candidates,
-    check_kinds,
     device_use,
     in_use_of,
     match_allocation,
     prefer,
     steering_mismatches,
+    twin_view,
 )
 from spotgpu.core.clock import Clock
 from spotgpu.core.ids import DeviceID, ResourceName
@@ -93,6 +93,8 @@ class AllocationHost(Protocol):
         ...
 
     def publish_locked(self) -> None: ...
+
+    def sources_locked(self) -> Sources: ...
 
 
 class Allocator:
@@ -249,17 +251,25 @@ class Allocator:
         real = self.pool_twins.get(resource, {}).get(DeviceID(twin))
         if real is None:
             return None
-        health = self.host.health_locked().get(real, Health.UNHEALTHY)
-        return TwinView(real, health, self.host.mapping.get_device_owner(real))
+        sources = self.host.sources_locked()
+        return twin_view(
+            twin,
+            real,
+            self.kinds[resource],
+            self.host.health_locked(),
+            self.use_locked(),
+            owners=sources.owners,
+            pending=sources.pending,
+        )
 
     def allocate(self, resource: ResourceName, twins: Sequence[str]) -> dict[str, str]:
         """The device plugin's Allocate answer for one container of ``resource``: the
         ``container-devices-from`` annotation naming the owner of the real GPUs behind ``twins``
-        (:func:`~spotgpu.agent.model.allocate_annotations`), after the kind rule
-        (:func:`~spotgpu.agent.steer.check_kinds`). The twins are recorded as granted (their
-        GPUs' other kind turns Unhealthy at once) to the pod being admitted; when that pod was
-        assigned other GPUs, the mismatch is logged and counted, and the answer still names the
-        GPUs behind ``twins``.
+        (:func:`~spotgpu.agent.model.allocate_annotations`, which refuses exactly what
+        :func:`~spotgpu.agent.model.allocate_refusal` refuses, the kind rule included). The twins
+        are recorded as granted (their GPUs' other kind turns Unhealthy at once) to the pod being
+        admitted; when that pod was assigned other GPUs, the mismatch is logged and counted, and
+        the answer still names the GPUs behind ``twins``.
 
         Raises :class:`~spotgpu.agent.model.AllocateRefused` for a twin we cannot give."""
         try:
@@ -271,7 +281,7 @@ class Allocator:
         return annotations
 
     def _allocate(self, resource: ResourceName, twins: Sequence[str]) -> dict[str, str]:
-        pool = self.pool(resource)
+        self.pool(resource)  # an unknown resource raises here
         host = self.host
         for attempt in (0, 1):
             with host.lock:
@@ -287,7 +297,6 @@ class Allocator:
         with host.lock:
             views = {t: self._twin_view(resource, t) for t in twins}
             annotations = allocate_annotations(twins, views.get, gpu_resource=host.settings.gpu_resource)
-            check_kinds(twins, resource, pool.kind, self.pool_twins, self.use_locked())
             preferred, at = self._preferred.pop(resource, (None, 0.0))
             if preferred is not None and now - at > host.settings.preference_ttl:
                 preferred = None

@@ -13,9 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from spotgpu.agent.allocator import Allocator, Grant
+from spotgpu.agent.model import Sources, device_index, pending_shadows
 from spotgpu.agent.node_ports import GpuDevice
 from spotgpu.agent.ports import PodInfo
 from spotgpu.agent.publisher import Publisher
+from spotgpu.agent.settings import SolverSettings
 from spotgpu.core.ids import DeviceID, ResourceName
 from spotgpu.core.lending import LendState, OwnerLending
 from spotgpu.core.mapping_cache import MappingCache, Owner
@@ -38,6 +40,7 @@ class SolverLookups:
     mapping: MappingCache
     allocator: Allocator
     publisher: Publisher
+    settings: SolverSettings
     _devices: tuple[GpuDevice, ...]
     _owners: dict[ContainerRef, OwnerLending]
     _pods: dict[PodRef, PodInfo]
@@ -52,6 +55,14 @@ class SolverLookups:
 
     def health_locked(self) -> Mapping[DeviceID, Health]:
         return self.publisher.health
+
+    def sources_locked(self) -> Sources:
+        """Who holds each GPU, and the ShadowPods announced for unheld ones."""
+        snapshot = self.mapping.snapshot()
+        pending = pending_shadows(
+            self._pods.values(), snapshot, node=self.settings.node, shadow_namespace=self.settings.shadow_namespace
+        )
+        return Sources({d: owner for d, (owner, _) in device_index(snapshot).items()}, pending)
 
     def pods_now(self) -> list[PodInfo]:
         if self.live_pods is not None:

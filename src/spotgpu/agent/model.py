@@ -8,7 +8,8 @@ Decisions made here:
 
 * :func:`build_mapping`: the MappingCache content from the kubelet's pod-resources view (the
   authority on which container holds which real GPU and which spot container holds which
-  twin) and the pods' annotations (ShadowPods). Devices nobody holds belong to IDLE_SPACE.
+  twin) and the pods (authentic ShadowPods only, :mod:`spotgpu.core.shadow`; forged claims are
+  reported). Devices nobody holds belong to IDLE_SPACE.
 * :func:`twin_health`: a twin is Healthy when its real GPU is healthy and unallocated, held by
   a ShadowPod, or held by an owner that is lent out (idle); otherwise Unhealthy. Unknown is
   Unhealthy ("when in doubt, fail closed").
@@ -16,8 +17,11 @@ Decisions made here:
   the API or the container runtime knows for it.
 * :func:`find_violations`: spot users on GPUs whose twin is not Healthy (after a restart, a
   reserved pod taking a GPU, a failed GPU): these must be evicted.
+* :func:`allocate_refusal`: whether Allocate gives a twin, and why not: the one rule behind
+  Allocate and the twin's health on ListAndWatch (Healthy means Allocate will succeed).
 * :func:`allocate_annotations`: the device plugin's Allocate answer, the unsuffixed
   ``container-devices-from`` annotation naming each twin's owner as the sync source.
+* :func:`pending_shadows`: unheld GPUs an authentic ShadowPod bound to this node will hold.
 * :func:`node_state_annotation`: the per-device state the agent publishes on its node.
 """
 
@@ -36,15 +40,15 @@ from spotgpu.core.ids import (
     DeviceID,
     DeviceIDError,
     ResourceName,
-    from_spot_id,
-    is_spot_id,
+    real_of_twin,
+    replica_id,
     to_spot_id,
-    validate_device_id,
 )
 from spotgpu.core.lending import LendState
 from spotgpu.core.mapping_cache import IDLE_SPACE, DeviceEntry, MappingSnapshot, Owner, OwnerEntry
 from spotgpu.core.refs import ContainerRef, PodRef
-from spotgpu.core.types import EvictionReason, Health, OwnerState, PodDeviceType
+from spotgpu.core.shadow import ShadowCheck, ShadowClaim, check_shadow
+from spotgpu.core.types import EvictionReason, Health, OwnerState
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +59,14 @@ class MappingBuild:
     shadow_owners: frozenset[ContainerRef]
     problems: tuple[str, ...] = ()
     """Inconsistencies found (logged and counted by the caller; never fatal)."""
+    forged_shadows: tuple[PodRef, ...] = ()
+    """Pods holding GPUs that claim to be ShadowPods but are not (:func:`spotgpu.core.shadow.check_shadow`):
+    treated as ordinary owners; also named in ``problems``."""
 
 
-def _is_shadow(pod: PodInfo | None) -> bool:
-    return pod is not None and pod.annotations.get(keys.POD_DEVICE_TYPE) == PodDeviceType.SHADOW.value
+def shadow_check(pod: PodInfo, shadow_namespace: str) -> ShadowCheck:
+    """Whether ``pod`` is an authentic ShadowPod (the one rule, :mod:`spotgpu.core.shadow`)."""
+    return check_shadow(pod.ref.namespace, pod.annotations, pod.labels, shadow_namespace=shadow_namespace)
 
 
 def build_mapping(
@@ -69,13 +77,16 @@ def build_mapping(
     gpu_resource: ResourceName,
     spot_resource: ResourceName,
     extra_spot_resources: Collection[ResourceName] = (),
+    shadow_namespace: str = keys.DEFAULT_SHADOW_NAMESPACE,
 ) -> MappingBuild:
     """The owner -> device -> spot users map this node's state implies.
 
     Spot users are the holders of twins of ``spot_resource`` and of ``extra_spot_resources``
     (the shared spot resource's replicas). Real devices not in ``devices`` (another backend's,
     or gone) are ignored with a problem noted; a device reported for two containers keeps its
-    first holder (sorted by reference).
+    first holder (sorted by reference). A holder is a ShadowPod only when it is an authentic one
+    (:func:`shadow_check`); a forged claim makes it an ordinary owner, noted in ``problems``
+    and ``forged_shadows``.
     """
     spot_resources = {spot_resource, *extra_spot_resources}
     known = {d.id for d in devices}
@@ -83,13 +94,18 @@ def build_mapping(
     owner_of: dict[DeviceID, Owner] = {}
     users: dict[DeviceID, set[PodRef]] = {d.id: set() for d in devices}
     shadow: set[ContainerRef] = set()
+    forged: dict[PodRef, str] = {}
     ordered = sorted(allocations, key=lambda a: (a.pod.format(), a.container, a.resource))
     for alloc in ordered:
         if alloc.resource != gpu_resource:
             continue
         owner = ContainerRef(alloc.pod.namespace, alloc.pod.name, alloc.container)
-        if _is_shadow(pods.get(alloc.pod)):
+        info = pods.get(alloc.pod)
+        check = shadow_check(info, shadow_namespace) if info is not None else None
+        if check is not None and check.authentic:
             shadow.add(owner)
+        elif check is not None and check.claim is ShadowClaim.FORGED:
+            forged[alloc.pod] = check.reason
         for device in alloc.device_ids:
             if device not in known:
                 problems.append(f"{owner} holds {gpu_resource} device {device!r}, which this node's GPU backend lacks")
@@ -112,26 +128,8 @@ def build_mapping(
         table.setdefault(device_owner, []).append(DeviceEntry(device, tuple(sorted(users[device]))))
     entries = [OwnerEntry(o, tuple(ds)) for o, ds in table.items()]
     entries.sort(key=lambda e: (0, "") if e.owner is IDLE_SPACE else (1, e.owner.format()))
-    return MappingBuild(MappingSnapshot(tuple(entries)), frozenset(shadow), tuple(problems))
-
-
-def real_of_twin(twin: str, known: Collection[str]) -> DeviceID | None:
-    """The real device behind ``twin`` (``spot-X`` or a shared replica ``spot-X::<n>``), if known.
-
-    ``X`` itself may contain ``::`` (a vendor's own replica IDs), so the whole rest is tried first.
-    """
-    try:
-        real = from_spot_id(twin) if is_spot_id(twin) else None
-    except DeviceIDError:
-        return None
-    if real is None:
-        return None
-    if real in known:
-        return real
-    base, sep, index = real.rpartition("::")
-    if sep and index.isdigit() and base in known:
-        return DeviceID(base)
-    return None
+    problems += [f"pod {ref} {reason}: treated as an ordinary owner" for ref, reason in sorted(forged.items())]
+    return MappingBuild(MappingSnapshot(tuple(entries)), frozenset(shadow), tuple(problems), tuple(sorted(forged)))
 
 
 def owners_of(snapshot: MappingSnapshot) -> dict[ContainerRef, tuple[DeviceID, ...]]:
@@ -279,39 +277,113 @@ class TwinView:
 
     real: DeviceID
     health: Health
+    """Whether the GPU is lendable now (:func:`twin_health`)."""
     owner: Owner | None
+    pending: ContainerRef | None = None
+    """An authentic ShadowPod bound to this node that the scheduler created for this unheld GPU,
+    not yet admitted by the kubelet (:func:`pending_shadows`)."""
+    conflict: str | None = None
+    """Why the kind rule refuses the twin (:func:`spotgpu.agent.steer.kind_conflict`), if it does."""
+
+    @property
+    def source(self) -> ContainerRef | None:
+        """The container Allocate names as the sync source: the holder, else the announced ShadowPod."""
+        if isinstance(self.owner, ContainerRef):
+            return self.owner
+        return self.pending if self.owner is IDLE_SPACE else None
+
+
+def allocate_refusal(twin: str, view: TwinView | None) -> str | None:
+    """Why Allocate refuses ``twin`` now; None when it succeeds.
+
+    The one rule behind both answers the device plugin gives: ``Allocate`` and each twin's health
+    on ``ListAndWatch`` (Healthy exactly when this returns None, :func:`spotgpu.agent.steer.pool_health`),
+    so a kubelet that does not follow ``GetPreferredAllocation`` (multi-device requests, the
+    topology manager) never picks a twin that Allocate then refuses. A twin must be one we serve,
+    its GPU lendable, a container to sync from (the owner, a ShadowPod, or a ShadowPod announced
+    for an unheld GPU), and the other kind of spot use must not hold its GPU."""
+    if view is None:
+        return f"device {twin!r} is not a twin this plugin serves"
+    if view.health is not Health.HEALTHY:
+        return f"twin {twin!r} is {view.health.value}: its GPU's owner is using it"
+    if view.source is None:
+        return (
+            f"twin {twin!r}: real device {view.real!r} is not held by any container (no ShadowPod yet); "
+            "nothing to sync it from"
+        )
+    return view.conflict
 
 
 def allocate_annotations(
     twin_ids: Sequence[str], lookup: Callable[[str], TwinView | None], *, gpu_resource: ResourceName
 ) -> dict[str, str]:
-    """The annotations of one ContainerAllocateResponse for ``twin_ids``.
-
-    Every twin must be one we serve, Healthy, and held by a container (an owner or a
-    ShadowPod); IDLE_SPACE devices have no source container to sync from (the scheduler lends
-    an unallocated GPU through a ShadowPod). Raises :class:`AllocateRefused` naming the twin.
-    """
+    """The annotations of one ContainerAllocateResponse for ``twin_ids``: every twin must pass
+    :func:`allocate_refusal`; each GPU is synced from :attr:`TwinView.source` (an unallocated GPU
+    has no source until a ShadowPod holds it or is announced for it). Raises
+    :class:`AllocateRefused` naming the twin."""
     if not twin_ids:
         raise AllocateRefused("Allocate request names no device")
     by_owner: dict[ContainerRef, list[DeviceID]] = {}
     for twin in twin_ids:
         view = lookup(twin)
-        if view is None:
-            raise AllocateRefused(f"device {twin!r} is not a twin this plugin serves")
-        if view.health is not Health.HEALTHY:
-            raise AllocateRefused(f"twin {twin!r} is {view.health.value}: its GPU's owner is using it")
-        if not isinstance(view.owner, ContainerRef):
-            raise AllocateRefused(
-                f"twin {twin!r}: real device {view.real!r} is not held by any container (no ShadowPod yet); "
-                "nothing to sync it from"
-            )
-        reals = by_owner.setdefault(view.owner, [])
+        refusal = allocate_refusal(twin, view)
+        if refusal is not None:
+            raise AllocateRefused(refusal)
+        assert view is not None and view.source is not None
+        reals = by_owner.setdefault(view.source, [])
         if view.real not in reals:  # two replicas of one GPU sync it once
             reals.append(view.real)
     sources = [
         SyncSource(SyncKind.CONTAINER, owner, ((gpu_resource, tuple(devs)),)) for owner, devs in by_owner.items()
     ]
     return {devices_from_key(): format_devices_from(DevicesFrom.of(sources))}
+
+
+@dataclass(frozen=True, slots=True)
+class Sources:
+    """Whom Allocate would name as the source of each GPU: its holder (``owners``; IDLE_SPACE for
+    an unheld GPU) and, for unheld GPUs, the authentic ShadowPod announced for it (``pending``)."""
+
+    owners: Mapping[DeviceID, Owner]
+    pending: Mapping[DeviceID, ContainerRef]
+
+
+def pending_shadows(
+    pods: Iterable[PodInfo],
+    snapshot: MappingSnapshot,
+    *,
+    node: str,
+    shadow_namespace: str,
+) -> dict[DeviceID, ContainerRef]:
+    """Unheld GPUs of this node an authentic ShadowPod was created for and will hold once the kubelet
+    admits it: ``{real: its container}``. Only ShadowPods bound to ``node``, not being deleted, not
+    finished, that hold nothing yet; only GPUs that no container holds (IDLE_SPACE)."""
+    index = device_index(snapshot)
+    holders = {e.owner for e in snapshot.owners}
+    out: dict[DeviceID, ContainerRef] = {}
+    for pod in pods:
+        if pod.node != node or pod.deleting or pod.phase in ("Succeeded", "Failed") or not pod.containers:
+            continue
+        if not shadow_check(pod, shadow_namespace).authentic:
+            continue
+        container = ContainerRef(pod.ref.namespace, pod.ref.name, pod.containers[0].name)
+        if container in holders:
+            continue
+        for device in _assigned_reals(pod.annotations.get(keys.ASSIGNED_DEVICES, "")):
+            if index.get(device, (None, ()))[0] is IDLE_SPACE:
+                out.setdefault(device, container)
+    return out
+
+
+def _assigned_reals(raw: str) -> list[DeviceID]:
+    """Real IDs in a ShadowPod's ``spotgpu.io/assigned-devices`` (malformed: none)."""
+    try:
+        data = json.loads(raw) if raw else {}
+    except ValueError:
+        return []
+    if not isinstance(data, dict):
+        return []
+    return [DeviceID(d) for ids in data.values() if isinstance(ids, list) for d in ids if isinstance(d, str)]
 
 
 def node_state_annotation(
@@ -361,16 +433,19 @@ def twin_ids(
     ``replicas`` 1: one twin ``spot-X`` per GPU. More: ``spot-X::0`` .. ``spot-X::<replicas-1>``
     (shared spot: the kubelet hands each replica to one container, so that many containers can
     share the GPU; the runtime's twin rule accepts either form). ``suffixed`` forces the replica
-    form even for one replica (default: only for more than one).
+    form even for one replica (default: only for more than one). Every name served parses back
+    to its device with :func:`~spotgpu.core.ids.real_of_twin` (a GPU whose replica names are
+    ambiguous serves none of them).
     """
     result: dict[DeviceID, DeviceID] = {}
     with_suffix = replicas > 1 if suffixed is None else suffixed
+    known = {d.id for d in devices}
     for device in devices:
         try:
             twin = to_spot_id(device.id)
-            names = [validate_device_id(f"{twin}::{k}") for k in range(replicas)] if with_suffix else [twin]
+            names = [replica_id(device.id, k, known) for k in range(replicas)] if with_suffix else [twin]
         except DeviceIDError:
-            continue
+            continue  # too long, or a replica name another device's twin already is: never served
         for name in names:
             result[name] = device.id
     return result
@@ -385,13 +460,16 @@ __all__ = [
     "Victim",
     "Violation",
     "allocate_annotations",
+    "allocate_refusal",
     "build_mapping",
     "device_index",
     "find_violations",
     "node_state_annotation",
     "owners_of",
+    "pending_shadows",
     "plan_eviction",
     "real_of_twin",
+    "shadow_check",
     "runtime_container_ids",
     "twin_health",
     "twin_ids",

@@ -31,8 +31,8 @@ from typing import Any, Protocol
 
 from spotgpu.core.allocations import AllocatedDevices  # re-exported: its home is the core (no adapter -> agent import)
 from spotgpu.core.idle_forecast import EMPTY_HISTORY, NO_BACKOFF, Backoff, IdleHistory
-from spotgpu.core.ids import DeviceID, ResourceName
-from spotgpu.core.refs import ContainerRef, PodRef
+from spotgpu.core.ids import DeviceID
+from spotgpu.core.refs import ContainerRef
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
-from spotgpu.agent.model import node_state_annotation, twin_health
+from spotgpu.agent.model import Sources, node_state_annotation, twin_health
 from spotgpu.agent.node_ports import GpuDevice
 from spotgpu.agent.ports import KubePort
 from spotgpu.agent.steer import DeviceUse, TwinKind, pool_health
@@ -50,6 +50,9 @@ class NodeView:
     kinds: Mapping[ResourceName, TwinKind]
     use: Mapping[DeviceID, DeviceUse] | None = None
     """Twins in use per GPU (needed by :meth:`Publisher.publish` only)."""
+    sources: Sources | None = None
+    """Who Allocate would name per GPU (needed by :meth:`Publisher.publish` only: a twin is
+    Healthy exactly when Allocate would give it)."""
 
 
 def forecast_annotation(forecasts: Mapping[DeviceID, IdleForecast]) -> str:
@@ -83,9 +86,16 @@ class Publisher:
 
     def publish(self, view: NodeView) -> None:
         """Recompute twin health from ``view`` and hand it to the device plugins and the metrics."""
-        assert view.use is not None
+        assert view.use is not None and view.sources is not None
         self.health = twin_health(view.devices, view.snapshot, view.lend_states, view.shadow)
-        self.twin_health = pool_health(view.pool_twins, view.kinds, self.health, view.use)
+        self.twin_health = pool_health(
+            view.pool_twins,
+            view.kinds,
+            self.health,
+            view.use,
+            owners=view.sources.owners,
+            pending=view.sources.pending,
+        )
         numa = {d.id: d.numa_node for d in view.devices}
         for resource, twins in view.pool_twins.items():
             health = self.twin_health[resource]

@@ -183,6 +183,7 @@ class Agent:
                 stop_timeout=config.eviction_timeout,
                 twin_replicas=config.twin_replicas,
                 shared_replicas=config.shared_replicas,
+                shadow_namespace=config.shadow_namespace,
             ),
             kube=kube,
             tasks=tasks,

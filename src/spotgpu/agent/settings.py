@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from spotgpu.agent.evictor import EvictionSettings
 from spotgpu.agent.steer import TwinPool, twin_pools
+from spotgpu.core import keys
 from spotgpu.core.config import LendingConfig
 from spotgpu.core.ids import NodeName, ResourceName
 from spotgpu.core.lending import LendRules
@@ -35,6 +36,8 @@ class SolverSettings:
     that failed after our Allocate never shows up there)."""
     preference_ttl: float = 10.0
     """Seconds a GetPreferredAllocation's chosen pod waits for its Allocate."""
+    shadow_namespace: str = keys.DEFAULT_SHADOW_NAMESPACE
+    """Where authentic ShadowPods live (:mod:`spotgpu.core.shadow`)."""
     candidate_wait: float = 1.0
     """Seconds GetPreferredAllocation waits for the pod watch when no pod of the requested size is
     waiting for admission: the kubelet's own watch may deliver a freshly bound pod a moment

@@ -218,6 +218,7 @@ class Solver(SolverLookups):
             build = self._build(allocations)
             for problem in build.problems:
                 log.warning("mapping: %s", problem)
+            self.metrics.forged_shadow_pods.set(len(build.forged_shadows))
             self.mapping.restore(build.snapshot)
             self.allocator.confirm_locked(allocations, self._pods, now)
             self._shadow = build.shadow_owners
@@ -493,6 +494,7 @@ class Solver(SolverLookups):
             gpu_resource=self.settings.gpu_resource,
             spot_resource=self.settings.spot_resource,
             extra_spot_resources=list(self.allocator.resources),
+            shadow_namespace=self.settings.shadow_namespace,
         )
 
     def _run_eviction(self, plan: EvictionPlan) -> EvictionOutcome:
@@ -539,6 +541,7 @@ class Solver(SolverLookups):
             self.allocator.pool_twins,
             self.allocator.kinds,
             self.allocator.use_locked() if use else None,
+            self.sources_locked() if use else None,
         )
 
     def publish_locked(self) -> None:

@@ -22,9 +22,10 @@ Decisions made here:
   exclusive.)
 * :func:`device_use` and :func:`pool_health`: the kind rule. While any replica of GPU X is in
   use, X's exclusive twin is Unhealthy; while X's exclusive twin is in use, its replicas are
-  Unhealthy. Otherwise a twin is as healthy as its GPU is lendable
-  (:func:`spotgpu.agent.model.twin_health`). "In use" = allocated according to pod-resources or
-  granted by an ``Allocate`` the kubelet has not reported yet.
+  Unhealthy. Otherwise a twin is Healthy exactly when Allocate would give it
+  (:func:`spotgpu.agent.model.allocate_refusal`: its GPU lendable and held by a container).
+  "In use" = allocated according to pod-resources or granted by an ``Allocate`` the kubelet
+  has not reported yet.
 * :func:`admission_candidates`: the pods the kubelet may be admitting now.
 * :func:`prefer`: the ``GetPreferredAllocation`` answer: twins of the GPUs the scheduler
   assigned to the first candidate that fits; otherwise a deterministic choice (documented on
@@ -43,13 +44,14 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from spotgpu.agent.model import AllocateRefused, real_of_twin, twin_ids
+from spotgpu.agent.model import AllocateRefused, TwinView, allocate_refusal, real_of_twin, twin_ids
 from spotgpu.agent.node_ports import AllocatedDevices, GpuDevice
 from spotgpu.agent.ports import PodInfo
 from spotgpu.core import keys
 from spotgpu.core.errors import ValidationError
 from spotgpu.core.ids import DeviceID, NodeName, ResourceName, is_spot_id, shared_resource_of
-from spotgpu.core.refs import PodRef
+from spotgpu.core.mapping_cache import Owner
+from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health
 
 
@@ -138,19 +140,58 @@ def pool_health(
     kinds: Mapping[ResourceName, TwinKind],
     lendable: Mapping[DeviceID, Health],
     use: Mapping[DeviceID, DeviceUse],
+    *,
+    owners: Mapping[DeviceID, Owner],
+    pending: Mapping[DeviceID, ContainerRef] | None = None,
 ) -> dict[ResourceName, dict[DeviceID, Health]]:
-    """Each twin's health as ListAndWatch shows it: its GPU is lendable and not in use by the
-    other kind (see module docstring)."""
+    """Each twin's health as ListAndWatch shows it: Healthy exactly when ``Allocate`` would give it
+    now (:func:`~spotgpu.agent.model.allocate_refusal` on :func:`twin_view`): its GPU is lendable,
+    held by a container (``owners``; or announced for a ShadowPod, ``pending``) and not in use by
+    the other kind. A GPU missing from ``owners`` is Unhealthy (fail closed)."""
     out: dict[ResourceName, dict[DeviceID, Health]] = {}
     for resource, table in twins.items():
         kind = kinds[resource]
         out[resource] = {
             twin: Health.HEALTHY
-            if lendable.get(real) is Health.HEALTHY and not use.get(real, NO_USE).blocks(kind)
+            if allocate_refusal(twin, twin_view(twin, real, kind, lendable, use, owners=owners, pending=pending))
+            is None
             else Health.UNHEALTHY
             for twin, real in table.items()
         }
     return out
+
+
+def twin_view(
+    twin: str,
+    real: DeviceID,
+    kind: TwinKind,
+    lendable: Mapping[DeviceID, Health],
+    use: Mapping[DeviceID, DeviceUse],
+    *,
+    owners: Mapping[DeviceID, Owner],
+    pending: Mapping[DeviceID, ContainerRef] | None = None,
+) -> TwinView:
+    """What Allocate (and the twin's health) is decided on, for one served twin of GPU ``real``."""
+    return TwinView(
+        real,
+        lendable.get(real, Health.UNHEALTHY),
+        owners.get(real),
+        (pending or {}).get(real),
+        kind_conflict(twin, kind, real, use),
+    )
+
+
+def kind_conflict(twin: str, kind: TwinKind, real: DeviceID, use: Mapping[DeviceID, DeviceUse]) -> str | None:
+    """Why the kind rule refuses ``twin`` (its GPU is in use by the other kind), or None."""
+    current = use.get(real, NO_USE)
+    if not current.blocks(kind):
+        return None
+    other = TwinKind.SHARED if kind is TwinKind.EXCLUSIVE else TwinKind.EXCLUSIVE
+    users = ", ".join(sorted(current.of(other)))
+    return (
+        f"twin {twin!r} ({kind.value}): GPU {real!r} is in {other.value} spot use ({users}); "
+        "a GPU is lent to one kind at a time"
+    )
 
 
 def check_kinds(
@@ -160,20 +201,15 @@ def check_kinds(
     twins: PoolTwins,
     use: Mapping[DeviceID, DeviceUse],
 ) -> None:
-    """Refuse (:class:`AllocateRefused`) twins whose GPU the other kind uses."""
+    """Refuse (:class:`AllocateRefused`) twins whose GPU the other kind uses (:func:`kind_conflict`)."""
     table = twins.get(resource, {})
     for twin in requested:
         real = table.get(DeviceID(twin))
         if real is None:
             continue  # unknown twins are refused by allocate_annotations, with its message
-        current = use.get(real, NO_USE)
-        if current.blocks(kind):
-            other = TwinKind.SHARED if kind is TwinKind.EXCLUSIVE else TwinKind.EXCLUSIVE
-            users = ", ".join(sorted(current.of(other)))
-            raise AllocateRefused(
-                f"twin {twin!r} ({kind.value}): GPU {real!r} is in {other.value} spot use ({users}); "
-                "a GPU is lent to one kind at a time"
-            )
+        conflict = kind_conflict(twin, kind, real, use)
+        if conflict is not None:
+            raise AllocateRefused(conflict)
 
 
 # --- which pod is being admitted ----------------------------------------------------------------
@@ -470,6 +506,7 @@ __all__ = [
     "admission_candidates",
     "assigned_gpus",
     "check_kinds",
+    "kind_conflict",
     "device_use",
     "in_use_of",
     "match_allocation",
@@ -478,4 +515,5 @@ __all__ = [
     "prefer",
     "steering_mismatches",
     "twin_pools",
+    "twin_view",
 ]

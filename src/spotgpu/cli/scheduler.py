@@ -71,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
         config = load_yaml_file(args.config, SchedulerConfig, "scheduler") if args.config else SchedulerConfig()
         election = ElectionConfig(args.lease_duration, args.renew_deadline, args.retry_period)
         translate = TranslateConfig(
-            gpu_resource=validate_resource_name(args.gpu_resource), default_queue=args.default_queue
+            gpu_resource=validate_resource_name(args.gpu_resource),
+            default_queue=args.default_queue,
+            shadow_namespace=config.shadow_namespace,
         )
     except (ConfigError, ValueError) as exc:
         print(f"spotgpu scheduler: {exc}", file=sys.stderr)

@@ -38,6 +38,7 @@ from spotgpu.core.ids import (
     shared_resource_of,
     validate_resource_name,
 )
+from spotgpu.core.keys import DEFAULT_SHADOW_NAMESPACE
 
 Seconds = NewType("Seconds", float)
 """A duration in seconds; in YAML a number or a Go-style duration string."""
@@ -409,6 +410,9 @@ class AgentConfig:
     exclusive twins; a GPU is lent to one kind at a time. 0: not served."""
     lending: LendingConfig = dataclasses.field(default_factory=LendingConfig)
     """When idle owners are lent, the owner-return model, and unguarded owners (``lending``)."""
+    shadow_namespace: str = DEFAULT_SHADOW_NAMESPACE
+    """The namespace of ShadowPods (the scheduler's ``shadowNamespace``): a pod elsewhere that claims
+    to be one is an ordinary owner (:mod:`spotgpu.core.shadow`)."""
     state_file: Path | None = Path("/run/spotgpu/agent-state.json")
     """Which owners are lent, kept across agent restarts (a tmpfs path: a node reboot forgets it);
     ``null`` keeps no file (a restarted agent then re-lends only owners whose GPUs carry spot users)."""

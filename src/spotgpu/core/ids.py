@@ -12,6 +12,13 @@ Rules enforced here (the kubelet's and ours):
   up in annotation JSON, environment variables and file names.
 * A twin ID is ``spot-`` + the real ID and must itself fit in 63 characters, so a real ID
   longer than 58 characters cannot be lent: :class:`TwinIDTooLong`, never a silent truncation.
+* Twin <-> real IDs have one parser, :func:`real_of_twin`, used by the agent (mapping, steering,
+  Allocate), the runtime's twin rule and the scheduler alike. ``spot-X`` is the exclusive twin
+  of real ``X``; ``spot-X::<n>`` is either the exclusive twin of a real ``X::<n>`` (a vendor's
+  own time-slicing replica) or shared replica ``n`` of real ``X``. The known real IDs decide,
+  exact match first: a real ``X::<n>`` that exists always owns the name ``spot-X::<n>``, and the
+  agent never serves a replica name that would parse back to another device
+  (:func:`replica_id` with ``known``). No caller may cut an ID at ``::`` itself.
 * A resource name must be a Kubernetes *extended resource name*: it contains ``/``, is not in
   the ``kubernetes.io/`` domain, does not start with ``requests.``, and ``requests.<name>`` is
   a qualified name.
@@ -20,6 +27,7 @@ Rules enforced here (the kubelet's and ours):
 from __future__ import annotations
 
 import re
+from collections.abc import Container
 from typing import Final, NewType
 
 from spotgpu.core.errors import ValidationError
@@ -41,6 +49,8 @@ SPOT_GPU_SHARED_RESOURCE: Final = ResourceName("platform/spot-gpu-shared")
 """Shared spot: replicas ``spot-<id>::<n>`` of lent GPUs, one per shared spot container (the
 agent's ``sharedReplicas``); always the spot resource's name + :data:`SHARED_SUFFIX`."""
 NVIDIA_GPU_RESOURCE: Final = ResourceName("nvidia.com/gpu")
+REPLICA_SEP: Final = "::"
+"""Between a twin and its shared replica index (``spot-X::3``); also inside vendors' replica IDs."""
 
 _DEVICE_ID_RE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
 _QUALIFIED_NAME_RE: Final = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
@@ -119,6 +129,47 @@ def from_spot_id(spot_id: str) -> DeviceID:
     return validate_device_id(twin[len(SPOT_PREFIX) :])
 
 
+def replica_id(real_id: str, index: int, known: Container[str] | None = None) -> DeviceID:
+    """Shared replica ``index`` of real ``real_id``: ``spot-<real>::<index>``.
+
+    Raises :class:`TwinIDTooLong` beyond 63 characters, and :class:`DeviceIDError` when the name
+    would not parse back to ``real_id`` among ``known`` (it is the exclusive twin of another real
+    device, e.g. ``X::0`` beside ``X``): such a name is never served, so no parser can disagree.
+    """
+    if index < 0:
+        raise DeviceIDError(f"replica index {index} must not be negative")
+    twin = to_spot_id(real_id)
+    name = twin + REPLICA_SEP + str(index)
+    if len(name) > MAX_DEVICE_ID_LEN:
+        raise TwinIDTooLong(f"replica {index} of device {real_id!r} would be {len(name)} characters; at most 63")
+    if known is not None and real_of_twin(name, known) != real_id:
+        raise DeviceIDError(
+            f"replica name {name!r} of {real_id!r} is the twin of another real device on this node; not served"
+        )
+    return DeviceID(name)
+
+
+def real_of_twin(twin: str, known: Container[str]) -> DeviceID | None:
+    """The real device among ``known`` behind ``twin`` (``spot-X`` or a shared replica
+    ``spot-X::<n>``); None when it is no twin ID or names no known device.
+
+    The exact rest is tried first (``X`` may itself contain ``::``: a vendor's replica ID), then
+    the replica form, split at the *last* ``::`` with a decimal index. The only twin parser.
+    """
+    if not isinstance(twin, str) or not is_spot_id(twin):
+        return None
+    try:
+        real = from_spot_id(twin)
+    except DeviceIDError:
+        return None
+    if real in known:
+        return real
+    base, sep, index = real.rpartition(REPLICA_SEP)
+    if sep and base and index.isascii() and index.isdigit() and base in known:
+        return DeviceID(base)
+    return None
+
+
 def validate_resource_name(value: object) -> ResourceName:
     """Return ``value`` as a :data:`ResourceName` if it is a Kubernetes extended resource name."""
     if not isinstance(value, str):
@@ -145,6 +196,7 @@ def validate_resource_name(value: object) -> ResourceName:
 __all__ = [
     "MAX_DEVICE_ID_LEN",
     "NVIDIA_GPU_RESOURCE",
+    "REPLICA_SEP",
     "SHARED_SUFFIX",
     "SPOT_GPU_RESOURCE",
     "SPOT_GPU_SHARED_RESOURCE",
@@ -159,6 +211,8 @@ __all__ = [
     "from_spot_id",
     "shared_resource_of",
     "is_spot_id",
+    "real_of_twin",
+    "replica_id",
     "to_spot_id",
     "validate_device_id",
     "validate_resource_name",

@@ -124,3 +124,21 @@ GUARD_SKIPPED: Final = "spotgpu.io/guard-skipped"
 """Written by spotgpu-runtime into a GPU owner's spec when it did *not* install the guard's rule:
 ``<reason>: <detail>`` (reasons: ``opted-out``, ``guard-disabled``, ``guard-unavailable``,
 ``listener-down``, ``conflict``, ``lookup-failed``). Absent on guarded owners and non-owners."""
+
+CDI_SYNCED: Final = "cdi.k8s.io/spotgpu-synced"
+"""Written by spotgpu-runtime into a spot container's spec: the CDI device names of the synced
+devices (for a CDI-aware lower runtime)."""
+
+RUNTIME_WRITTEN: Final = (SYNCED_DEVICES, GUARDED, GUARD_SKIPPED, CDI_SYNCED)
+"""Every annotation spotgpu-runtime writes into specs. What they say must always be ours: the
+runtime removes them from every spec it sees before it decides, and its shell fast path sends
+every ``create`` whose spec carries one to the agent (a forged one never reaches runc)."""
+
+# --- ShadowPods (authenticated; spotgpu.core.shadow) ------------------------------------------
+SHADOW_POD_LABEL: Final = "spotgpu.io/shadow-pod"
+"""Label the scheduler puts on every ShadowPod it creates (value ``"true"``). A pod counts as a
+ShadowPod only with this label, ``pod-device-type: shadow`` *and* the configured ShadowPod
+namespace, which only the scheduler may write (RBAC plus the chart's admission policy)."""
+
+DEFAULT_SHADOW_NAMESPACE: Final = "spotgpu-system"
+"""Namespace of ShadowPods unless configured (``shadowNamespace``): the chart's release namespace."""

@@ -31,6 +31,7 @@ class ControllerMetrics:
     gang_evictions: Counter = field(init=False)
     informer_relists: Gauge = field(init=False)
     snapshot_skipped: Counter = field(init=False)
+    forged_shadow_pods: Gauge = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -62,6 +63,11 @@ class ControllerMetrics:
         )
         self.snapshot_skipped = Counter(
             "spotgpu_scheduler_objects_skipped", "Objects left out of a snapshot as malformed", ["kind"], registry=r
+        )
+        self.forged_shadow_pods = Gauge(
+            "spotgpu_scheduler_forged_shadow_pods",
+            "Pods claiming to be ShadowPods without being authentic ones (treated as ordinary pods)",
+            registry=r,
         )
 
     def on_retry(self, what: str, exc: BaseException) -> None:

@@ -255,6 +255,9 @@ class SchedulerLoop:
         for s in build.skipped:
             self.metrics.snapshot_skipped.labels(s.kind).inc()
             log.debug("left out of the snapshot: %s %s: %s", s.kind, s.key, s.reason)
+        self.metrics.forged_shadow_pods.set(len(build.forged_shadows))
+        for s in build.forged_shadows:
+            log.warning("pod %s %s", s.key, s.reason)
         return build
 
     def run_once(self) -> CycleOutcome:

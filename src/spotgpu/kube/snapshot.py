@@ -20,13 +20,20 @@ Where each part comes from:
   ``spotgpu.io/spot-gpu-milli`` makes it shared too (the agent's legacy ``twinReplicas``).
   A placed spot pod's devices are those the agent reports it using (the node state's ``pods``:
   what the kubelet really allocated, which may differ from what the scheduler assigned), else
-  its ``spotgpu.io/assigned-devices`` (twins); a reserved pod's come from the assignment or the
-  node state's owners. Placed spot pods whose use of a GPU contradicts another's (possible once
+  its ``spotgpu.io/assigned-devices`` (twins); a reserved pod's come from the node state's
+  owners, and from its assignment only until the agent reports it. Placed spot pods whose use
+  of a GPU contradicts another's (possible once
   the kubelet's real choice replaces the assignment: two exclusive users, shared beyond one GPU,
   both kinds) are left out, the ones the agent reports first kept; a GPU whose shared replicas
   (the node state's ``replicas``) are all taken has its twin reported Unhealthy, so no new spot
   pod is placed on it.
-* **ShadowPods**: pods annotated ``pod-device-type: shadow``.
+* **ShadowPods**: authentic ones only (:func:`spotgpu.core.shadow.check_shadow`: the annotation
+  ``pod-device-type: shadow``, the label ``spotgpu.io/shadow-pod`` and the ShadowPod namespace,
+  which only the scheduler writes). The GPUs one holds are those the agent's node state reports
+  it holding; its ``spotgpu.io/assigned-devices`` only until the agent reports it (right after
+  its creation). A pod that claims to be one without all three is *forged*: it is translated as
+  the ordinary pod it is, and listed in :attr:`SnapshotBuild.forged_shadows` (the loop counts
+  and logs them).
 
 Objects that are malformed, or whose PodGroup or queue is missing, are left out and reported in
 :attr:`SnapshotBuild.skipped`; one bad object never stops scheduling for everyone else.
@@ -55,6 +62,7 @@ from spotgpu.core.ids import (
 )
 from spotgpu.core.mapping_cache import IDLE_SPACE
 from spotgpu.core.refs import ContainerRef, PodRef
+from spotgpu.core.shadow import ShadowCheck, ShadowClaim, check_shadow
 from spotgpu.core.types import GPU_MILLI, Health, QueueType, SpotPriority
 from spotgpu.kube.objects import (
     container_requests,
@@ -91,6 +99,8 @@ class TranslateConfig:
     """Queue of a spotgpu pod that names no PodGroup and no queue."""
     pool_label: str = "spotgpu.io/pool"
     """Node label whose value is the node's pool (empty when absent)."""
+    shadow_namespace: str = keys.DEFAULT_SHADOW_NAMESPACE
+    """Where authentic ShadowPods live (the scheduler's ``shadowNamespace``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +116,9 @@ class SnapshotBuild:
     skipped: tuple[Skipped, ...] = ()
     pod_objects: Mapping[PodRef, JSON] = field(default_factory=dict)
     """The pod JSON behind every snapshot pod and ShadowPod (for applying decisions)."""
+    forged_shadows: tuple[Skipped, ...] = ()
+    """Pods that claim to be ShadowPods but are not (kind ``ForgedShadowPod``; translated as
+    ordinary pods, or left out as such)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,8 +207,15 @@ def _nomination(obj: Mapping[str, Any], where: str) -> Nomination | None:
         raise ObjectError(f"{where}: annotation {keys.NOMINATED_DEVICES} is malformed: {exc}") from None
 
 
-def is_shadow(obj: Mapping[str, Any]) -> bool:
-    return ((obj.get("metadata") or {}).get("annotations") or {}).get(keys.POD_DEVICE_TYPE) == "shadow"
+def shadow_claim(obj: Mapping[str, Any], shadow_namespace: str = keys.DEFAULT_SHADOW_NAMESPACE) -> ShadowCheck:
+    """Whether a pod object is an authentic ShadowPod (:func:`spotgpu.core.shadow.check_shadow`)."""
+    meta = obj.get("metadata") or {}
+    return check_shadow(
+        meta.get("namespace"),
+        meta.get("annotations") or {},
+        meta.get("labels") or {},
+        shadow_namespace=shadow_namespace,
+    )
 
 
 def build_snapshot(
@@ -209,6 +229,7 @@ def build_snapshot(
 ) -> SnapshotBuild:
     cfg = config or TranslateConfig()
     skipped: list[Skipped] = []
+    forged: list[Skipped] = []
     pod_objects: dict[PodRef, JSON] = {}
 
     def skip(kind: str, key: str, reason: str) -> None:
@@ -307,20 +328,26 @@ def build_snapshot(
             ref = pod_ref(obj)
             node = (obj.get("spec") or {}).get("nodeName")
             created_at = parse_time((obj.get("metadata") or {}).get("creationTimestamp")) or 0.0
-            if is_shadow(obj):
+            claim = shadow_claim(obj, cfg.shadow_namespace)
+            if claim.claim is ShadowClaim.FORGED:
+                forged.append(Skipped("ForgedShadowPod", key, f"{claim.reason}: translated as an ordinary pod"))
+            if claim.authentic:
                 if not node:
                     skip("ShadowPod", key, "has no node")
                     continue
-                assigned = _assigned(obj, where)
-                held = tuple(validate_device_id(d) for ids in assigned.values() for d in ids)
-                raw_group = ((obj.get("metadata") or {}).get("annotations") or {}).get(keys.SHADOW_FOR)
                 containers = (obj.get("spec") or {}).get("containers") or [{}]
+                container = str(containers[0].get("name") or "main")
+                reported = owners_by_node.get(node, {}).get(ContainerRef(ref.namespace, ref.name, container))
+                held = tuple(reported or ())
+                if not held:  # just created: the agent does not report it yet
+                    held = tuple(validate_device_id(d) for ids in _assigned(obj, where).values() for d in ids)
+                raw_group = ((obj.get("metadata") or {}).get("annotations") or {}).get(keys.SHADOW_FOR)
                 shadows.append(
                     ShadowPod(
                         ref,
                         NodeName(node),
                         held,
-                        container=str(containers[0].get("name") or "main"),
+                        container=container,
                         group=PodRef.parse(raw_group) if raw_group else None,
                         created_at=created_at,
                         deleting=is_deleting(obj),
@@ -379,11 +406,11 @@ def build_snapshot(
                 if request.is_spot:
                     used = _reported_use(spot_use.get(node, {}), ref)
                     devices = used or tuple(from_spot_id(d) for d in assigned.get(SPOT_GPU_RESOURCE, ()))
-                elif resource in assigned:
-                    devices = tuple(validate_device_id(d) for d in assigned[resource])
-                else:
+                else:  # what the agent reports it holding; the scheduler's annotation until then
                     owner = ContainerRef(ref.namespace, ref.name, container)
                     devices = tuple(owners_by_node.get(node, {}).get(owner, ()))
+                    if not devices and resource in assigned:
+                        devices = tuple(validate_device_id(d) for d in assigned[resource])
             snap_pods.append(
                 Pod(
                     ref,
@@ -413,7 +440,7 @@ def build_snapshot(
         pods=snap_pods,
         shadows=shadows,
     )
-    return SnapshotBuild(snapshot, tuple(skipped), pod_objects)
+    return SnapshotBuild(snapshot, tuple(skipped), pod_objects, tuple(forged))
 
 
 def _reported_use(use: Mapping[DeviceID, SpotUse], pod: PodRef) -> tuple[DeviceID, ...]:
@@ -560,4 +587,12 @@ def _claim_devices(
     return new_nodes, kept_pods, kept_shadows
 
 
-__all__ = ["Skipped", "SnapshotBuild", "SpotUse", "TranslateConfig", "build_snapshot", "is_shadow", "parse_node_state"]
+__all__ = [
+    "Skipped",
+    "SnapshotBuild",
+    "SpotUse",
+    "TranslateConfig",
+    "build_snapshot",
+    "parse_node_state",
+    "shadow_claim",
+]

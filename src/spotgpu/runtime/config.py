@@ -71,8 +71,13 @@ class RuntimeConfig:
         "NVIDIA_MIG_CONFIG_DEVICES",
         "NVIDIA_MIG_MONITOR_DEVICES",
     )
-    """Names the annotation env (Generic) may never set: they select devices for
-    nvidia-container-runtime. Names a device sync sets are refused too."""
+    """Names that select devices for nvidia-container-runtime: the annotation env (Generic) may
+    never set them, and they are stripped from the own env of every container that is not an
+    allocated GPU holder (:mod:`spotgpu.runtime.sanitize`). Names a device sync sets are refused too."""
+    env_selects_devices: bool | None = None
+    """Whether the lower runtime turns ``deniedEnv`` entries into devices; then every ``create``
+    whose spec sets one is checked by the agent (fail closed). ``null`` (default): true when the
+    lower runtime's file name starts with ``nvidia`` (nvidia-container-runtime)."""
 
     def __post_init__(self) -> None:
         if not self.lower_runtime.strip():
@@ -117,6 +122,15 @@ class RuntimeConfig:
                 raise ConfigError(f"modifiers: unknown modifier {name!r}; known: {', '.join(MODIFIERS.names())}")
         if len(set(self.modifiers)) != len(self.modifiers):
             raise ConfigError("modifiers: a modifier is listed twice")
+
+    @property
+    def env_markers(self) -> tuple[str, ...]:
+        """What marks a spec entry setting a denied env (``"NVIDIA_VISIBLE_DEVICES=``), when the
+        lower runtime turns such env into devices; else none (runc ignores it)."""
+        selects = self.env_selects_devices
+        if selects is None:
+            selects = Path(self.lower_runtime).name.startswith("nvidia")
+        return tuple(f'"{name}=' for name in self.denied_env) if selects else ()
 
     def with_agent(self, agent: AgentConfig) -> RuntimeConfig:
         """This configuration with the node paths and resources the agent uses."""

@@ -5,9 +5,10 @@ are the chain's lookups (kubelet, device plugins, owners, host) and log lines. H
 agent's runtime service (:mod:`spotgpu.runtime.service`), or run inside the wrapper in the
 ``local`` fallback (:mod:`spotgpu.runtime.local`).
 
-For each spec: sandboxes are never modified; otherwise the container's identity and its
-``container-devices-from`` request are read from the annotations, the chain runs on a copy,
-and the copy is returned. :meth:`SpecEngine.handle` speaks the wire protocol: it answers
+For each spec: the container's identity and its ``container-devices-from`` request are read
+from the annotations; on a copy, :mod:`spotgpu.runtime.sanitize` removes what only we may
+write and the env that selects devices for non-holders, then (for any spec but a sandbox's) the
+chain runs; the copy is returned. :meth:`SpecEngine.handle` speaks the wire protocol: it answers
 ``unchanged`` when the copy equals the input, ``modified`` with the new JSON otherwise,
 ``refused`` for permanent errors (malformed annotations, refused syncs) and ``retry`` for
 temporary ones (kubelet socket down), and never raises.
@@ -31,6 +32,7 @@ from spotgpu.runtime.lookup import HostPort, NodeLookup
 from spotgpu.runtime.modifiers import CachedLookup, Chain, GuardFunctions, ModifyContext, build_chain
 from spotgpu.runtime.modifiers import load_guard_functions as _load_guard
 from spotgpu.runtime.providers import default_providers
+from spotgpu.runtime.sanitize import sanitize
 from spotgpu.runtime.spec import ContainerIdentity, ContainerKind, Spec, SpecError, string_annotations
 from spotgpu.runtime.sync import Provider, SyncRefused
 
@@ -80,14 +82,19 @@ class SpecEngine:
         )
 
     def modify(self, spec: Spec) -> tuple[Spec, ModifyContext]:
-        """A modified copy of ``spec`` and the context; raises :class:`SpotgpuError` to refuse."""
+        """A modified copy of ``spec`` and the context; raises :class:`SpotgpuError` to refuse.
+
+        The single entry point of "how must this spec change, or is it refused": the wrapper's
+        service calls it, and so can any other front end (an NRI plugin) with the same lookups.
+        It runs :func:`~spotgpu.runtime.sanitize.sanitize` (forged annotations, device-selecting
+        env) on every spec, then the modifier chain on every spec but a sandbox's."""
         if not isinstance(spec, dict):
             raise SpecError(f"config.json must be a JSON object, got {type(spec).__name__}")
         ctx = self.context(spec)
-        if ctx.identity.kind is ContainerKind.SANDBOX:
-            return spec, ctx
         result = copy.deepcopy(spec)
-        self.chain.modify(result, ctx)
+        sanitize(result, ctx)  # always, before the configurable chain (sanitize's docstring)
+        if ctx.identity.kind is not ContainerKind.SANDBOX:
+            self.chain.modify(result, ctx)
         return result, ctx
 
     def handle(self, container_id: str, bundle: str, data: bytes) -> tuple[bytes, bytes]:

@@ -11,9 +11,12 @@ figures). So the script decides with shell built-ins alone:
 1. It parses runc's command line with the grammar of :mod:`spotgpu.runtime.argv` (same flags;
    a property test checks that both agree). Every verb but ``create`` is ``exec``'d at once.
 2. For ``create`` it greps the bundle's ``config.json`` (one ``grep -F``) for the device-sync
-   and env annotation keys, and, while the guard's listener socket exists (and the interpreter
-   is there: an owner must never fail because of us), for the configured GPU-owner markers.
-   No match: ``exec`` the lower runtime.
+   and env annotation keys, the annotations only spotgpu-runtime may write
+   (:data:`~spotgpu.core.keys.RUNTIME_WRITTEN`: a forged one must never reach runc), and, when
+   the lower runtime turns env into devices, the device-selecting env entries
+   (:attr:`~spotgpu.runtime.config.RuntimeConfig.env_markers`); and, while the guard's listener
+   socket exists (and the interpreter is there: an owner must never fail because of us), for the
+   configured GPU-owner markers. No match: ``exec`` the lower runtime.
 3. Otherwise it ``exec``s ``python3 -I -S`` on the wrapper (:mod:`spotgpu.runtime.wrapper`),
    which asks the agent and then execs the same lower runtime with the same arguments.
 
@@ -136,6 +139,7 @@ def render_shim(
     owner_markers: Sequence[str],
     fallback: tuple[tuple[str, ...], str] | None = None,
     source: str = "",
+    env_markers: Sequence[str] = (),
 ) -> str:
     """The fast-path script. ``listener=None`` disables the GPU-owner check (no guard)."""
     from spotgpu.runtime.argv import CREATE_VALUE_FLAGS
@@ -145,7 +149,8 @@ def render_shim(
     value_flags = sorted(CREATE_VALUE_FLAGS - {"bundle", "b"})
     kwargs = (
         f"lower={_py(lower)},agent_socket={_py(agent_socket)},timeout={_py(float(timeout))},"
-        f"listener={_py(listener)},owner_markers={_py(tuple(owner_markers))},fallback={_py(fallback)}"
+        f"listener={_py(listener)},owner_markers={_py(tuple(owner_markers))},fallback={_py(fallback)},"
+        f"env_markers={_py(tuple(env_markers))}"
     )
     code = f"import sys;sys.path.insert(0,{_py(lib)});from spotgpu.runtime.wrapper import main;sys.exit(main({kwargs}))"
     _sh_quoted_ok(code, "wrapper code")
@@ -160,7 +165,9 @@ def render_shim(
         source=f" from {_sh_quoted_ok(source, 'source')}" if source else "",
         lower=lower,
         create_value_flags="|".join(f"--{f}|-{f}" for f in value_flags),
-        sync_patterns=_patterns((keys.DEVICES_FROM_PREFIX, keys.CONTAINER_ENV_PREFIX), "annotation key"),
+        sync_patterns=_patterns(
+            (keys.DEVICES_FROM_PREFIX, keys.CONTAINER_ENV_PREFIX, *keys.RUNTIME_WRITTEN, *env_markers), "marker"
+        ),
         owner_branch=owner_branch,
         python=python,
         code=code,
@@ -219,6 +226,7 @@ def install_shim(
         owner_markers=config.owner_markers,
         fallback=fallback,
         source=str(config_path) if config_path else "",
+        env_markers=config.env_markers,
     )
     script = dest / name
     write_atomic(script, text.encode(), mode=0o755)

@@ -22,7 +22,9 @@ Authorization (the security rule; every check must pass, else the container is n
 4. Twin rule: for every synced real device ``X`` the kubelet allocated ``spot-X`` (or a shared
    replica ``spot-X::<n>``) of the spot resource, or a replica of the shared spot resource
    (``platform/spot-gpu-shared``, :func:`~spotgpu.core.ids.shared_resource_of`), to *this*
-   container.
+   container. Twin IDs are read with :func:`~spotgpu.core.ids.real_of_twin` against the real
+   devices the agent records, exactly as the agent reads them, so ``spot-X::0`` never grants a
+   real ``X::1`` (nor a real ``X`` when ``X::0`` is itself a real device).
 5. Owner rule: the agent's record names the source container as ``X``'s owner (for PodSync,
    the pod's container that holds ``X``). Direct names no source, so it is accepted only for
    devices the agent records as unallocated (IDLE_SPACE): there is no owner to disturb.
@@ -30,19 +32,20 @@ Authorization (the security rule; every check must pass, else the container is n
 7. Lend rule: ``X`` is lendable *now* (its twin is Healthy: the owner is lent out, or ``X`` is
    unallocated or held by a ShadowPod). A grant the kubelet made while the owner was away does
    not outlive the loan: once the owner is back, a spot container the kubelet (re)starts with
-   that old grant, e.g. a restart after the eviction killed it, is refused. Skipped when the
-   agent cannot be asked (the ``local`` fallback).
+   that old grant, e.g. a restart after the eviction killed it, is refused. Fails closed: when
+   the agent cannot say (a device it does not serve, or no agent to ask: the ``local``
+   fallback), the sync is refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from spotgpu.core.codec import DevicesFrom, SyncKind, SyncSource
 from spotgpu.core.errors import PermanentError
-from spotgpu.core.ids import MAX_DEVICE_ID_LEN, SPOT_PREFIX, DeviceID, ResourceName, shared_resource_of
+from spotgpu.core.ids import SPOT_PREFIX, DeviceID, ResourceName, real_of_twin, shared_resource_of
 from spotgpu.core.mapping_cache import IDLE_SPACE, Owner
 from spotgpu.core.refs import ContainerRef
 from spotgpu.runtime.lookup import NodeLookup, PodAssignment
@@ -142,21 +145,33 @@ def pick(
     return [ResolvedDevice(resource, d, by_id[d][0], by_id[d][1]) for d in wanted]
 
 
-def _base(device_id: str) -> str:
-    """A device ID without a time-slicing replica suffix (``GPU-x::3`` -> ``GPU-x``)."""
-    return device_id.split("::", 1)[0]
+class _KnownDevices:
+    """What twin IDs are parsed against: the real devices the agent records (an owner or
+    IDLE_SPACE) and those a source holds per pod-resources (``also``); an unknown one is then
+    refused by the owner rule, with that reason."""
+
+    def __init__(self, owner_of: Callable[[DeviceID], Owner | None], also: Container[str]) -> None:
+        self._owner_of = owner_of
+        self._also = also
+
+    def __contains__(self, device: object) -> bool:
+        return isinstance(device, str) and (device in self._also or self._owner_of(DeviceID(device)) is not None)
 
 
-def granted_twins(target: PodAssignment | None, container: str, spot_resource: str) -> set[str]:
-    """Real device IDs whose twin the kubelet allocated to ``container`` (replica suffix removed):
-    twins of ``spot_resource`` and replicas of its shared resource."""
+def granted_twins(target: PodAssignment | None, container: str, spot_resource: str) -> tuple[str, ...]:
+    """The twin IDs the kubelet allocated to ``container``: of ``spot_resource`` and replicas of
+    its shared resource, as the kubelet reports them (parsed with :func:`real_of_twin` only)."""
     if target is None:
-        return set()
+        return ()
     assignment = target.container(container)
     if assignment is None:
-        return set()
-    ids = (*assignment.ids(spot_resource), *assignment.ids(shared_resource_of(spot_resource)))
-    return {_base(t[len(SPOT_PREFIX) :]) for t in ids if t.startswith(SPOT_PREFIX)}
+        return ()
+    return (*assignment.ids(spot_resource), *assignment.ids(shared_resource_of(spot_resource)))
+
+
+def granted_reals(twins: Sequence[str], known: Container[str]) -> set[DeviceID]:
+    """The real devices ``twins`` stand for among ``known`` (the one twin parser, core.ids)."""
+    return {real for t in twins if (real := real_of_twin(t, known)) is not None}
 
 
 def resolve(
@@ -211,12 +226,14 @@ def authorize(
 ) -> SyncPlan:
     """Apply the twin, owner and lend rules (4, 5 and 7) to resolved devices."""
     twins = granted_twins(target_pod, target.name, policy.spot_resource)
+    reals = granted_reals(twins, _KnownDevices(owner_of, {d.device for d in devices}))
     for d in devices:
-        if len(SPOT_PREFIX) + len(d.device) > MAX_DEVICE_ID_LEN or _base(d.device) not in twins:
+        if d.device not in reals:
             raise SyncRefused(
                 RefusalReason.TWIN_NOT_ALLOCATED,
                 f"the kubelet did not allocate {SPOT_PREFIX}{d.device} ({policy.spot_resource}) to {target}; "
-                f"its twins: {', '.join(sorted(SPOT_PREFIX + t for t in twins)) or 'none'}",
+                f"its twins: {', '.join(sorted(twins)) or 'none'}"
+                + (f" (standing for {', '.join(sorted(reals))})" if reals else ""),
             )
         owner = owner_of(d.device)
         if d.source is None:
@@ -232,11 +249,15 @@ def authorize(
                 f"{d.device!r} comes from {d.source}, but the agent records "
                 f"{owner if owner is not None else 'no owner'} as its owner",
             )
-        if lendable is not None and lendable(d.device) is False:
+        lent = lendable(d.device) if lendable is not None else None
+        if lent is not True:  # fails closed: "cannot say" (None) refuses like "no" (False)
             raise SyncRefused(
                 RefusalReason.NOT_LENT,
                 f"{d.device!r} is not lent out now: its owner {owner if owner is not None else 'unknown'} "
-                "is using it or it is being taken back",
+                "is using it or it is being taken back"
+                if lent is False
+                else f"{d.device!r}: the agent cannot say whether it is lent out now (a device it does not "
+                "serve, or no agent to ask); refused",
             )
     return SyncPlan(tuple(devices))
 
@@ -274,6 +295,7 @@ __all__ = [
     "SyncPolicy",
     "SyncRefused",
     "authorize",
+    "granted_reals",
     "granted_twins",
     "pick",
     "plan_sync",

@@ -16,9 +16,16 @@ imports only ``posix``, ``sys``, ``time`` and ``_socket`` plus our two byte-leve
 
 Failure policy:
 
-* A spec that asks for a device sync or annotation env (``needs_agent``) fails ``create``
-  when the agent cannot answer (or uses the local fallback when one is configured): running
-  it without its devices or env would be wrong, and a failed create is retried by the kubelet.
+* A spec that asks for a device sync or annotation env, carries an annotation only we may write,
+  or (with a lower runtime that turns env into devices, ``env_markers``) sets a device-selecting
+  env (``needs_agent``) fails ``create`` when the agent cannot answer (or uses the local
+  fallback when one is configured): running it without its devices or env, with a forged
+  annotation, or with a device selector nobody checked would be wrong, and a failed create is
+  retried by the kubelet.
+* The markers are looked for in the *whole* file, not only in the part that fits a request:
+  a spec larger than ``protocol.MAX_SPEC_BYTES`` that needs the agent is refused, never run
+  unchanged (it cannot be sent, and a sync hidden past the window would silently start the
+  container without its devices).
 * A spec that is only a possible guard owner never fails because of us: if the agent cannot
   answer, the container is created unchanged (unguarded) and a warning is logged.
 * The spec file is written only after the agent answered ``modified``; on every error it is
@@ -37,6 +44,15 @@ from spotgpu.runtime.argv import RuncArgs, parse
 SYNC_MARKERS = (b"platform.k8s.io/container-devices-from", b"platform.k8s.io/container-env")
 """Substrings of a spec that asks for a device sync or annotation env (keys.DEVICES_FROM_PREFIX,
 keys.CONTAINER_ENV_PREFIX; a test keeps them equal). Go's JSON encoder never escapes ``/``."""
+WRITTEN_MARKERS = (
+    b"platform.k8s.io/synced-devices",
+    b"spotgpu.io/guarded",
+    b"spotgpu.io/guard-skipped",
+    b"cdi.k8s.io/spotgpu-synced",
+)
+"""The annotations only spotgpu-runtime may write (keys.RUNTIME_WRITTEN; a test keeps them equal):
+a spec carrying one must reach the agent, which removes them, or not run at all."""
+_CHUNK = 1 << 20
 
 EXIT_REFUSED = 1
 EXIT_NO_LOWER = 127
@@ -193,6 +209,30 @@ def _local(fallback: tuple[tuple[str, ...], str], container_id: str, bundle: str
     return modify_locally(config, container_id, bundle, spec)
 
 
+def _read_spec(path: str, markers: tuple[bytes, ...]) -> tuple[bytes, set[bytes]] | None:
+    """The first ``MAX_SPEC_BYTES + 1`` bytes of ``path`` and which ``markers`` the whole file holds
+    (a marker split across two reads is found: each read keeps the previous one's tail); None
+    when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(protocol.MAX_SPEC_BYTES + 1)
+            found = {m for m in markers if m in head}
+            if len(head) <= protocol.MAX_SPEC_BYTES:
+                return head, found
+            keep = max((len(m) for m in markers), default=1) - 1
+            tail = head[len(head) - keep :] if keep else b""
+            while len(found) < len(markers):
+                chunk = f.read(_CHUNK)
+                if not chunk:
+                    break
+                window = tail + chunk
+                found.update(m for m in markers if m in window)
+                tail = window[len(window) - keep :] if keep else b""
+    except OSError:
+        return None
+    return head, found
+
+
 def decide(
     argv: list[str],
     *,
@@ -201,37 +241,32 @@ def decide(
     listener: str | None = None,
     owner_markers: tuple[str, ...] = (),
     fallback: tuple[tuple[str, ...], str] | None = None,
+    env_markers: tuple[str, ...] = (),
 ) -> tuple[RuncArgs, int | None]:
-    """Everything but the final exec: ``(args, exit code)``, where ``None`` means "exec the lower runtime"."""
+    """Everything but the final exec: ``(args, exit code)``, where ``None`` means "exec the lower runtime".
+
+    ``env_markers``: substrings of a device-selecting env entry (``"NVIDIA_VISIBLE_DEVICES=``),
+    given when the lower runtime turns such env into devices; such a spec needs the agent."""
     args = parse(argv)
     if not args.is_create:
         return args, None
-    try:
-        with open(args.config_path, "rb") as f:
-            spec = f.read(protocol.MAX_SPEC_BYTES + 1)
-    except OSError:
+    strict = (*SYNC_MARKERS, *WRITTEN_MARKERS, *(m.encode("utf-8") for m in env_markers))
+    owner = tuple(m.encode("utf-8") for m in owner_markers)
+    read = _read_spec(args.config_path, (*strict, *owner))
+    if read is None:
         return args, None  # the lower runtime reports a missing or unreadable bundle itself
-    needs_agent = any(m in spec for m in SYNC_MARKERS)
-    owner_candidate = bool(listener and _exists(listener) and any(m.encode("utf-8") in spec for m in owner_markers))
+    spec, found = read
+    needs_agent = any(m in found for m in strict)
+    owner_candidate = bool(listener and _exists(listener) and any(m in found for m in owner))
     if not needs_agent and not owner_candidate:
         return args, None
     container_id = args.container_id or args.bundle.rstrip("/").rpartition("/")[2] or args.bundle
     if len(spec) > protocol.MAX_SPEC_BYTES:
-        status, body = protocol.REFUSED, f"config.json exceeds {protocol.MAX_SPEC_BYTES} bytes".encode()
+        text = f"config.json exceeds {protocol.MAX_SPEC_BYTES} bytes; a spec that cannot be read whole is refused"
+        status, body = protocol.REFUSED, text.encode()
     else:
-        try:
-            status, body = ask_agent(agent_socket, container_id, args.bundle, spec, timeout)
-        except _AgentUnavailable as exc:
-            if needs_agent and fallback is not None:
-                try:
-                    status, body = _local(fallback, container_id, args.bundle, spec)
-                except Exception as local_exc:  # report whatever broke, never a traceback
-                    text = f"agent unreachable ({exc}); local fallback failed: {local_exc}"
-                    status, body = protocol.RETRY, text.encode()
-            else:
-                status, body = protocol.RETRY, f"spotgpu agent unreachable: {exc}".encode()
-        except _AgentFailed as exc:
-            status, body = protocol.RETRY, f"spotgpu agent failed: {exc}".encode()
+        local = fallback if needs_agent else None  # a possible owner never runs the chain locally
+        status, body = _answer(agent_socket, container_id, args.bundle, spec, timeout, fallback=local)
     if status == protocol.UNCHANGED:
         return args, None
     if status == protocol.MODIFIED:
@@ -250,6 +285,29 @@ def decide(
     return args, EXIT_REFUSED
 
 
+def _answer(
+    agent_socket: str,
+    container_id: str,
+    bundle: str,
+    spec: bytes,
+    timeout: float,
+    *,
+    fallback: tuple[tuple[str, ...], str] | None,
+) -> tuple[bytes, bytes]:
+    """The agent's ``(status, body)``; ``fallback`` (the local chain) when it cannot be reached."""
+    try:
+        return ask_agent(agent_socket, container_id, bundle, spec, timeout)
+    except _AgentUnavailable as exc:
+        if fallback is None:
+            return protocol.RETRY, f"spotgpu agent unreachable: {exc}".encode()
+        try:
+            return _local(fallback, container_id, bundle, spec)
+        except Exception as local_exc:  # report whatever broke, never a traceback
+            return protocol.RETRY, f"agent unreachable ({exc}); local fallback failed: {local_exc}".encode()
+    except _AgentFailed as exc:
+        return protocol.RETRY, f"spotgpu agent failed: {exc}".encode()
+
+
 def main(
     argv: list[str] | None = None,
     *,
@@ -259,6 +317,7 @@ def main(
     listener: str | None = None,
     owner_markers: tuple[str, ...] = (),
     fallback: tuple[tuple[str, ...], str] | None = None,
+    env_markers: tuple[str, ...] = (),
 ) -> int:
     """Run as the runtime: modify the spec when needed, then exec ``lower``; returns only on failure."""
     args_list = list(sys.argv[1:] if argv is None else argv)
@@ -269,10 +328,21 @@ def main(
         listener=listener,
         owner_markers=owner_markers,
         fallback=fallback,
+        env_markers=env_markers,
     )
     if code is not None:
         return code
     return exec_lower(lower, args_list, args)
 
 
-__all__ = ["EXIT_NO_LOWER", "EXIT_REFUSED", "SYNC_MARKERS", "decide", "log_line", "main", "report", "write_atomically"]
+__all__ = [
+    "EXIT_NO_LOWER",
+    "EXIT_REFUSED",
+    "SYNC_MARKERS",
+    "WRITTEN_MARKERS",
+    "decide",
+    "log_line",
+    "main",
+    "report",
+    "write_atomically",
+]

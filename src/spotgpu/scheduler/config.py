@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
+from spotgpu.core import keys
 from spotgpu.core.config import ConfigError, Seconds
 from spotgpu.core.refs import ContainerRef, RefError
 from spotgpu.core.types import VictimWeights
@@ -54,6 +55,9 @@ class SchedulerConfig:
     """A ShadowPod with no spot user is deleted once it is at least this old."""
     shadow_container: str = "main"
     """Container name of the ShadowPods the scheduler creates (their device-owner container)."""
+    shadow_namespace: str = keys.DEFAULT_SHADOW_NAMESPACE
+    """Namespace of the ShadowPods the scheduler creates: one only the scheduler may write (the
+    chart's release namespace); the agents must be given the same (:mod:`spotgpu.core.shadow`)."""
 
     def __post_init__(self) -> None:
         if not self.actions:
@@ -66,6 +70,10 @@ class SchedulerConfig:
             raise ConfigError(f"fragmentationWeight: must not be negative, got {self.fragmentation_weight}")
         if self.preempt_candidate_nodes < 1:
             raise ConfigError(f"preemptCandidateNodes: must be at least 1, got {self.preempt_candidate_nodes}")
+        try:
+            ContainerRef(self.shadow_namespace, "pod", "main")
+        except RefError:
+            raise ConfigError(f"shadowNamespace: {self.shadow_namespace!r} is not a valid namespace") from None
         try:
             ContainerRef("ns", "pod", self.shadow_container)
         except RefError:

@@ -498,7 +498,7 @@ class Statement:
                 shadow = self._shadows.get(key)
                 if shadow is None:
                     name = shadow_name(task.job.ref, ns.name, needs[0].id, self.session.now)
-                    ref = PodRef(task.job.ref.namespace, name)
+                    ref = PodRef(self.session.config.shadow_namespace, name)  # scheduler-only namespace
                     owner = ref.container(self.session.config.shadow_container)
                     shadow = ShadowState(ref, owner, ns, task.job.ref, self.session.now, new=True)
                     self._shadows[key] = shadow

@@ -38,6 +38,7 @@ from spotgpu.core.ids import (
     validate_resource_name,
 )
 from spotgpu.core.refs import ContainerRef, PodRef, RefError
+from spotgpu.core.shadow import shadow_labels
 from spotgpu.core.types import GPU_MILLI, EvictionReason, Health, NodeStrategy, PodDeviceType, QueueType, SpotPriority
 
 DEFAULT_CONTAINER: Final = "main"
@@ -517,9 +518,10 @@ class Bind:
 class CreateShadowPod:
     """Create a ShadowPod on ``node`` requesting exactly these unallocated real ``devices``.
 
-    It lives in the spot gang's namespace, runs a pause container named ``container`` and is
-    the device owner of its devices for the gang's spot pods. Apply it before the binds of the
-    same cycle that name it as owner.
+    It lives in the ShadowPod namespace (``shadowNamespace``: only the scheduler may write there),
+    carries the ShadowPod label and annotation (:mod:`spotgpu.core.shadow`: what makes the agent
+    believe it), runs a pause container named ``container`` and is the device owner of its
+    devices for the gang's spot pods. Apply it before the binds of the same cycle that name it as owner.
     """
 
     pod: PodRef
@@ -534,8 +536,8 @@ class CreateShadowPod:
         return ContainerRef(self.pod.namespace, self.pod.name, self.container)
 
     def labels(self) -> dict[str, str]:
-        """The shadow-for label: the PodGroup's name (same namespace), when it fits a label value."""
-        return {keys.SHADOW_FOR: self.group.name} if len(self.group.name) <= 63 else {}
+        """The ShadowPod label, and the shadow-for label: the PodGroup's name, when it fits a label value."""
+        return {**shadow_labels(), **({keys.SHADOW_FOR: self.group.name} if len(self.group.name) <= 63 else {})}
 
     def annotations(self) -> dict[str, str]:
         return {

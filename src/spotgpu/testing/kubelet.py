@@ -14,11 +14,13 @@ speaking the real wire format (our .proto files, same method paths and field num
   preference taken unless told to ignore it, as a kubelet may) and then calls ``Allocate``.
   :meth:`KubeletDouble.restart` deletes every socket in the directory (as a starting kubelet
   does) and serves a fresh ``kubelet.sock``.
-* :class:`PodResourcesDouble`: the pod-resources API v1 (``List``, ``Get``,
-  ``GetAllocatableResources``) serving a table the test sets.
-* :class:`VendorPluginDouble`: a vendor device plugin such as NVIDIA's for ``nvidia.com/gpu``:
-  answers ``Allocate`` with the env, device nodes and mounts of the requested devices, and
-  rejects IDs it does not own the way NVIDIA's plugin does.
+  ``restart(wipe=False)`` re-creates only ``kubelet.sock`` (a kubelet that keeps the plugins'
+  sockets), ``restart(gap=...)`` leaves the directory without ``kubelet.sock`` for a while;
+  :attr:`KubeletDouble.served_at` says when ``kubelet.sock`` last appeared.
+* :class:`~spotgpu.testing.podresources.PodResourcesDouble`: the pod-resources API v1 (``List``,
+  ``Get``, ``GetAllocatableResources``) serving a table the test sets.
+* :class:`~spotgpu.testing.vendorplugin.VendorPluginDouble`: a vendor device plugin such as
+  NVIDIA's for ``nvidia.com/gpu``.
 
 Side effects: gRPC servers and client channels on unix sockets, background threads; all are
 stopped by ``stop()`` (or the context manager).
@@ -27,11 +29,9 @@ stopped by ``stop()`` (or the context manager).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent import futures
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -41,47 +41,15 @@ import grpc
 
 from spotgpu.adapters.proto import deviceplugin_v1beta1_pb2 as dp
 from spotgpu.adapters.proto import deviceplugin_v1beta1_pb2_grpc as dp_grpc
-from spotgpu.adapters.proto import podresources_v1_pb2 as pr
-from spotgpu.adapters.proto import podresources_v1_pb2_grpc as pr_grpc
+from spotgpu.testing.grpcserver import Server, socket_exists, wait_for_socket
+
+# The other kubelet-side doubles have their own modules; re-exported here for existing callers.
+from spotgpu.testing.podresources import ContainerDevices, ContainerResources, PodResources, PodResourcesDouble
+from spotgpu.testing.vendorplugin import VendorDevice, VendorPluginDouble
 
 log = logging.getLogger(__name__)
 
 API_VERSION = "v1beta1"
-
-
-class _Server:
-    """A gRPC server on one unix socket, as a context manager."""
-
-    def __init__(self, socket: Path, workers: int = 8) -> None:
-        self.socket = socket
-        self._workers = workers
-        self._server: grpc.Server | None = None
-
-    def _add_servicers(self, server: grpc.Server) -> None:
-        raise NotImplementedError
-
-    def start(self) -> Self:
-        self.socket.parent.mkdir(parents=True, exist_ok=True)
-        self.socket.unlink(missing_ok=True)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._workers))
-        self._add_servicers(server)
-        server.add_insecure_port(f"unix://{self.socket}")
-        server.start()
-        self._server = server
-        return self
-
-    def stop(self, grace: float | None = 0) -> None:
-        if self._server is not None:
-            self._server.stop(grace).wait()
-            self._server = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 # --- the kubelet's device manager ------------------------------------------------------------
@@ -131,7 +99,7 @@ class Registration:
     at: float
 
 
-class KubeletDouble(_Server):
+class KubeletDouble(Server):
     """The kubelet's side of the device plugin API (see module docstring)."""
 
     def __init__(self, plugin_dir: Path) -> None:
@@ -144,6 +112,8 @@ class KubeletDouble(_Server):
         self._allocated: dict[str, set[str]] = {}
         self._admitting = threading.Lock()
         """The kubelet admits one pod at a time."""
+        self.served_at = 0.0
+        """When ``kubelet.sock`` last appeared (monotonic seconds)."""
 
     def _add_servicers(self, server: grpc.Server) -> None:
         dp_grpc.add_RegistrationServicer_to_server(_RegistrationServicer(self), server)
@@ -203,6 +173,8 @@ class KubeletDouble(_Server):
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
                 log.debug("ListAndWatch of %s ended: %s", endpoint.resource, exc.code().name)
+        except ValueError:  # the channel was closed (a restart) before the stream started
+            log.debug("ListAndWatch of %s: channel closed before it started", endpoint.resource)
         finally:
             with self._lock:
                 self._lock.notify_all()
@@ -345,8 +317,10 @@ class KubeletDouble(_Server):
         return endpoint.stub
 
     # -- kubelet restart -----------------------------------------------------------------------
-    def restart(self) -> None:
-        """Stop, delete every socket in the plugin directory (as a new kubelet does), serve again."""
+    def restart(self, *, wipe: bool = True, gap: float = 0.0) -> None:
+        """Stop and forget every plugin; delete every socket in the plugin directory (as a new
+        kubelet does; ``wipe=False``: only ``kubelet.sock``, a kubelet that keeps the plugins'
+        sockets); leave ``kubelet.sock`` absent for ``gap`` seconds; serve a fresh one."""
         self.stop()
         with self._lock:
             endpoints = list(self._endpoints.values())
@@ -354,9 +328,16 @@ class KubeletDouble(_Server):
         for endpoint in endpoints:
             self._close_endpoint(endpoint)
         for entry in self.plugin_dir.iterdir():
-            if entry.is_socket():
+            if entry.is_socket() and (wipe or entry == self.socket):
                 entry.unlink(missing_ok=True)
+        if gap > 0:
+            time.sleep(gap)
         self.start()
+
+    def start(self) -> Self:
+        super().start()
+        self.served_at = time.monotonic()
+        return self
 
     def stop(self, grace: float | None = 0) -> None:
         super().stop(grace)
@@ -382,263 +363,6 @@ class _RegistrationServicer(dp_grpc.RegistrationServicer):  # type: ignore[misc]
 
     def Register(self, request: dp.RegisterRequest, context: grpc.ServicerContext) -> dp.Empty:
         return self._kubelet._register(request, context)
-
-
-# --- pod-resources ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerDevices:
-    resource: str
-    device_ids: tuple[str, ...]
-    numa_nodes: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerResources:
-    name: str
-    devices: tuple[ContainerDevices, ...] = ()
-    cpu_ids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class PodResources:
-    namespace: str
-    name: str
-    containers: tuple[ContainerResources, ...] = ()
-
-
-def _topology(nodes: Sequence[int]) -> pr.TopologyInfo | None:
-    return pr.TopologyInfo(nodes=[pr.NUMANode(ID=n) for n in nodes]) if nodes else None
-
-
-def _pod_message(pod: PodResources) -> pr.PodResources:
-    return pr.PodResources(
-        name=pod.name,
-        namespace=pod.namespace,
-        containers=[
-            pr.ContainerResources(
-                name=c.name,
-                cpu_ids=list(c.cpu_ids),
-                devices=[
-                    pr.ContainerDevices(
-                        resource_name=d.resource, device_ids=list(d.device_ids), topology=_topology(d.numa_nodes)
-                    )
-                    for d in c.devices
-                ],
-            )
-            for c in pod.containers
-        ],
-    )
-
-
-class PodResourcesDouble(_Server):
-    """The kubelet's pod-resources API v1 on ``socket`` (see module docstring).
-
-    ``get_enabled=False`` behaves like a kubelet older than 1.34 without the
-    ``KubeletPodResourcesGet`` gate: ``Get`` fails and clients must fall back to ``List``.
-    """
-
-    def __init__(self, socket: Path, *, get_enabled: bool = True) -> None:
-        super().__init__(socket)
-        self.get_enabled = get_enabled
-        self._lock = threading.Lock()
-        self._pods: dict[tuple[str, str], PodResources] = {}
-        self._allocatable: list[ContainerDevices] = []
-        self.calls: dict[str, int] = {"List": 0, "Get": 0, "GetAllocatableResources": 0}
-
-    def _add_servicers(self, server: grpc.Server) -> None:
-        pr_grpc.add_PodResourcesListerServicer_to_server(_PodResourcesServicer(self), server)
-
-    def set_pods(self, pods: Sequence[PodResources]) -> None:
-        with self._lock:
-            self._pods = {(p.namespace, p.name): p for p in pods}
-
-    def upsert_pod(self, pod: PodResources) -> None:
-        with self._lock:
-            self._pods[(pod.namespace, pod.name)] = pod
-
-    def remove_pod(self, namespace: str, name: str) -> None:
-        with self._lock:
-            self._pods.pop((namespace, name), None)
-
-    def set_allocatable(self, devices: Sequence[ContainerDevices]) -> None:
-        with self._lock:
-            self._allocatable = list(devices)
-
-    def pods(self) -> list[PodResources]:
-        with self._lock:
-            return list(self._pods.values())
-
-    def _count(self, method: str) -> None:
-        with self._lock:
-            self.calls[method] += 1
-
-
-class _PodResourcesServicer(pr_grpc.PodResourcesListerServicer):  # type: ignore[misc]
-    def __init__(self, double: PodResourcesDouble) -> None:
-        self._d = double
-
-    def List(self, request: pr.ListPodResourcesRequest, context: grpc.ServicerContext) -> pr.ListPodResourcesResponse:
-        self._d._count("List")
-        return pr.ListPodResourcesResponse(pod_resources=[_pod_message(p) for p in self._d.pods()])
-
-    def Get(self, request: pr.GetPodResourcesRequest, context: grpc.ServicerContext) -> pr.GetPodResourcesResponse:
-        self._d._count("Get")
-        if not self._d.get_enabled:
-            context.abort(grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled via feature gate")
-        for pod in self._d.pods():
-            if pod.namespace == request.pod_namespace and pod.name == request.pod_name:
-                return pr.GetPodResourcesResponse(pod_resources=_pod_message(pod))
-        context.abort(grpc.StatusCode.UNKNOWN, f"pod {request.pod_name} not found in namespace {request.pod_namespace}")
-        raise AssertionError("unreachable")  # abort raises
-
-    def GetAllocatableResources(
-        self, request: pr.AllocatableResourcesRequest, context: grpc.ServicerContext
-    ) -> pr.AllocatableResourcesResponse:
-        self._d._count("GetAllocatableResources")
-        with self._d._lock:
-            devices = list(self._d._allocatable)
-        return pr.AllocatableResourcesResponse(
-            devices=[
-                pr.ContainerDevices(
-                    resource_name=d.resource, device_ids=list(d.device_ids), topology=_topology(d.numa_nodes)
-                )
-                for d in devices
-            ]
-        )
-
-
-# --- a vendor device plugin (the real GPUs' plugin) ------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class VendorDevice:
-    """One real device of the vendor plugin: its ID, host device node and NUMA node."""
-
-    id: str
-    host_path: str
-    container_path: str
-    numa: int | None = None
-
-
-class VendorPluginDouble(_Server):
-    """An NVIDIA-like device plugin for ``resource`` on ``<plugin_dir>/<socket_name>``.
-
-    ``Allocate`` answers each container request with ``NVIDIA_VISIBLE_DEVICES`` (or
-    ``env_name``) listing the IDs, one ``DeviceSpec`` per device (``rw``), the extra ``mounts``,
-    and ``annotations``; an unknown ID fails the call with NVIDIA's message. ``register`` sends
-    a registration to the kubelet double, as a real plugin does.
-    """
-
-    def __init__(
-        self,
-        plugin_dir: Path,
-        resource: str,
-        devices: Sequence[VendorDevice],
-        *,
-        socket_name: str | None = None,
-        env_name: str = "NVIDIA_VISIBLE_DEVICES",
-        mounts: Sequence[tuple[str, str, bool]] = (),
-        annotations: Mapping[str, str] | None = None,
-    ) -> None:
-        domain, _, short = resource.partition("/")
-        name = socket_name or f"{domain.partition('.')[0]}-{short}.sock"
-        super().__init__(plugin_dir / name)
-        self.plugin_dir = plugin_dir
-        self.resource = resource
-        self.devices = {d.id: d for d in devices}
-        self.env_name = env_name
-        self.mounts = list(mounts)
-        self.annotations = dict(annotations or {})
-        self.allocate_calls: list[list[list[str]]] = []
-        self._lock = threading.Lock()
-
-    def _add_servicers(self, server: grpc.Server) -> None:
-        dp_grpc.add_DevicePluginServicer_to_server(_VendorServicer(self), server)
-
-    def register(self, kubelet_socket: Path | None = None) -> None:
-        target = kubelet_socket or (self.plugin_dir / "kubelet.sock")
-        with grpc.insecure_channel(f"unix://{target}") as channel:
-            dp_grpc.RegistrationStub(channel).Register(
-                dp.RegisterRequest(
-                    version=API_VERSION,
-                    endpoint=self.socket.name,
-                    resource_name=self.resource,
-                    options=dp.DevicePluginOptions(get_preferred_allocation_available=False),
-                ),
-                timeout=10,
-            )
-
-    def container_response(self, ids: Sequence[str]) -> dp.ContainerAllocateResponse:
-        unknown = [i for i in ids if i not in self.devices]
-        if unknown:
-            raise KeyError(f'invalid allocation request for "{self.resource}": unknown device: {unknown[0]}')
-        return dp.ContainerAllocateResponse(
-            envs={self.env_name: ",".join(ids)},
-            devices=[
-                dp.DeviceSpec(
-                    container_path=self.devices[i].container_path, host_path=self.devices[i].host_path, permissions="rw"
-                )
-                for i in ids
-            ],
-            mounts=[dp.Mount(container_path=c, host_path=h, read_only=ro) for c, h, ro in self.mounts],
-            annotations=self.annotations,
-        )
-
-
-class _VendorServicer(dp_grpc.DevicePluginServicer):  # type: ignore[misc]
-    def __init__(self, plugin: VendorPluginDouble) -> None:
-        self._p = plugin
-
-    def GetDevicePluginOptions(self, request: dp.Empty, context: grpc.ServicerContext) -> dp.DevicePluginOptions:
-        return dp.DevicePluginOptions()
-
-    def ListAndWatch(self, request: dp.Empty, context: grpc.ServicerContext) -> Iterator[dp.ListAndWatchResponse]:
-        yield dp.ListAndWatchResponse(
-            devices=[
-                dp.Device(
-                    ID=d.id,
-                    health="Healthy",
-                    topology=dp.TopologyInfo(nodes=[dp.NUMANode(ID=d.numa)]) if d.numa is not None else None,
-                )
-                for d in self._p.devices.values()
-            ]
-        )
-        stop = threading.Event()
-        context.add_callback(stop.set)
-        stop.wait()
-
-    def Allocate(self, request: dp.AllocateRequest, context: grpc.ServicerContext) -> dp.AllocateResponse:
-        requested = [list(c.devices_ids) for c in request.container_requests]
-        with self._p._lock:
-            self._p.allocate_calls.append(requested)
-        try:
-            return dp.AllocateResponse(container_responses=[self._p.container_response(ids) for ids in requested])
-        except KeyError as exc:
-            context.abort(grpc.StatusCode.UNKNOWN, str(exc.args[0]))
-            raise AssertionError("unreachable") from None
-
-    def PreStartContainer(
-        self, request: dp.PreStartContainerRequest, context: grpc.ServicerContext
-    ) -> dp.PreStartContainerResponse:
-        return dp.PreStartContainerResponse()
-
-
-def socket_exists(path: Path) -> bool:
-    try:
-        return path.is_socket()
-    except OSError:
-        return False
-
-
-def wait_for_socket(path: Path, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if socket_exists(path):
-            return
-        time.sleep(0.01)
-    raise TimeoutError(f"socket {path} did not appear within {timeout}s (exists: {os.path.exists(path)})")
 
 
 __all__ = [

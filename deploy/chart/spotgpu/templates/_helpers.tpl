@@ -65,6 +65,7 @@ agent:
   podResourcesSocket: {{ .Values.agent.hostPaths.podResources }}/kubelet.sock
   containerdSocket: {{ .Values.agent.hostPaths.containerd }}/containerd.sock
   runtimeSocket: {{ .Values.agent.hostPaths.spotgpu }}/agent.sock
+  shadowNamespace: {{ .Release.Namespace }}
 {{- end -}}
 
 {{/*

@@ -16,8 +16,9 @@ the devices itself:
   lower runtime such as nvidia-container-runtime in CDI mode);
 * ``platform.k8s.io/synced-devices``: ``{"<resource>": ["<id>", ...]}``.
 
-A container without a request gets no sync; a ``synced-devices`` annotation it carries anyway
-(set through a pod-annotation allow-list) is removed, so the annotation is always ours.
+A container without a request gets no sync. Every annotation we write (``synced-devices``, the
+CDI names, the guard's) has already been removed by :mod:`spotgpu.runtime.sanitize` before the
+chain runs, so what they say is always ours.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from spotgpu.runtime.modifiers.base import ModifyContext, SyncResult, mount_entr
 from spotgpu.runtime.spec import ContainerKind, Spec, array, obj, set_annotation, set_env
 from spotgpu.runtime.sync import RefusalReason, SyncRefused, plan_sync
 
-CDI_ANNOTATION: Final = "cdi.k8s.io/spotgpu-synced"
+CDI_ANNOTATION: Final = keys.CDI_SYNCED
 PROTECTED_PREFIXES: Final = ("io.kubernetes.", "platform.k8s.io/", "spotgpu.io/", "scheduling.spotgpu.io/")
 """Annotation key prefixes a device plugin's answer may not set."""
 _PERMISSIONS: Final = frozenset("rwm")
