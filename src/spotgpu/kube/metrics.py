@@ -31,6 +31,7 @@ class ControllerMetrics:
     gang_evictions: Counter = field(init=False)
     informer_relists: Gauge = field(init=False)
     snapshot_skipped: Counter = field(init=False)
+    forecasts_ignored: Counter = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -62,6 +63,11 @@ class ControllerMetrics:
         )
         self.snapshot_skipped = Counter(
             "spotgpu_scheduler_objects_skipped", "Objects left out of a snapshot as malformed", ["kind"], registry=r
+        )
+        self.forecasts_ignored = Counter(
+            "spotgpu_scheduler_idle_forecasts_ignored",
+            "Entries of the agents' spotgpu.io/idle-forecast annotations ignored as malformed",
+            registry=r,
         )
 
     def on_retry(self, what: str, exc: BaseException) -> None:

@@ -255,6 +255,8 @@ class SchedulerLoop:
         for s in build.skipped:
             self.metrics.snapshot_skipped.labels(s.kind).inc()
             log.debug("left out of the snapshot: %s %s: %s", s.kind, s.key, s.reason)
+        if build.forecasts_ignored:
+            self.metrics.forecasts_ignored.inc(build.forecasts_ignored)
         return build
 
     def run_once(self) -> CycleOutcome:

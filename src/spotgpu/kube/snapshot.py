@@ -9,7 +9,11 @@ Where each part comes from:
   spotgpu agent are not scheduled onto). From that annotation, per real GPU: the owner
   container (``IdleSpace`` = unallocated) and the twin's health; the node's lending settings
   from ``platform.k8s.io/lowpower-spot`` and ``platform.k8s.io/spot-prefer``; schedulable when
-  Ready and not cordoned; the pool from the node label named by ``pool_label``.
+  Ready and not cordoned; the pool from the node label named by ``pool_label``; the idle forecast
+  per lent twin from ``spotgpu.io/idle-forecast`` (:func:`parse_idle_forecast`: malformed entries
+  are ignored and counted in :attr:`SnapshotBuild.forecasts_ignored`, never fatal).
+* A spot gang's ``minLease``/``checkpointInterval`` come from its PodGroup's spec; a lone pod's
+  from its annotations ``spotgpu.io/min-lease``/``spotgpu.io/checkpoint-interval``.
 * **Queues** and **PodGroups**: the CRDs. A spot PodGroup's ``priorityClassName`` is its spot
   priority; a reserved one's priority is the value of its PriorityClass.
 * **Pods** (``schedulerName: spotgpu``, not finished): gang members carry the ``pod-group``
@@ -38,10 +42,11 @@ import dataclasses
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from spotgpu.agent.steer import AssignmentError, parse_assigned_devices
 from spotgpu.core import keys
+from spotgpu.core.config import parse_duration
 from spotgpu.core.errors import ValidationError
 from spotgpu.core.ids import (
     NVIDIA_GPU_RESOURCE,
@@ -68,7 +73,9 @@ from spotgpu.kube.objects import (
 from spotgpu.kube.resources import ObjectError, PodGroupView, QueueView, name_of, namespace_of, parse_time
 from spotgpu.scheduler.model import (
     GPU,
+    MAX_FORECAST_S,
     GPURequest,
+    IdleForecast,
     Node,
     Nomination,
     Pod,
@@ -106,6 +113,8 @@ class SnapshotBuild:
     skipped: tuple[Skipped, ...] = ()
     pod_objects: Mapping[PodRef, JSON] = field(default_factory=dict)
     """The pod JSON behind every snapshot pod and ShadowPod (for applying decisions)."""
+    forecasts_ignored: int = 0
+    """Entries of ``spotgpu.io/idle-forecast`` annotations left out as malformed (see :func:`parse_idle_forecast`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +225,7 @@ def build_snapshot(
 
     # -- nodes
     snap_nodes: list[Node] = []
+    forecasts_ignored = 0
     owners_by_node: dict[str, dict[ContainerRef, list[DeviceID]]] = {}
     spot_use: dict[str, dict[DeviceID, SpotUse]] = {}
     for obj in nodes:
@@ -229,6 +239,7 @@ def build_snapshot(
             node_state = _parse_state(name, state)
             lending, strategy = parse_node_annotations(name, annotations)
             gpus = tuple(GPU(d, owner=o, twin=h) for d, (o, h, _) in sorted(node_state.items()))
+            forecast, ignored = parse_idle_forecast(name, annotations.get(keys.NODE_IDLE_FORECAST), node_state)
             snap_nodes.append(
                 Node(
                     NodeName(name),
@@ -238,8 +249,12 @@ def build_snapshot(
                     strategy=strategy,
                     schedulable=node_schedulable(obj),
                     pool=str((meta.get("labels") or {}).get(cfg.pool_label, "")),
+                    idle_forecast=forecast,
                 )
             )
+            if ignored:
+                forecasts_ignored += ignored.count
+                skip("IdleForecast", name, ignored.reason())
         except ValidationError as exc:
             skip("Node", name, str(exc))
             continue
@@ -291,6 +306,8 @@ def build_snapshot(
                 phase=phase,
                 created_at=gv.created_at,
                 pool=gv.pool,
+                min_lease=gv.min_lease or 0.0,
+                checkpoint_interval=gv.checkpoint_interval or 0.0,
             )
         except ValidationError as exc:
             skip("PodGroup", key, str(exc))
@@ -362,6 +379,7 @@ def build_snapshot(
                 gref = PodRef(ref.namespace, group_name)
                 if gref not in groups:
                     spot = SpotPriority.SPOTLOW if queue.type is QueueType.SPOT else None
+                    min_lease, checkpoint = pod_lease(annotations, where)
                     groups[gref] = PodGroup(
                         gref,
                         queue_name,
@@ -369,6 +387,8 @@ def build_snapshot(
                         spot_priority=spot,
                         priority=spot.value_int if spot else 0,
                         created_at=created_at,
+                        min_lease=min_lease,
+                        checkpoint_interval=checkpoint,
                     )
             elif PodRef(ref.namespace, group_name) not in groups:
                 skip("Pod", key, f"its PodGroup {group_name!r} does not exist (yet)")
@@ -413,7 +433,106 @@ def build_snapshot(
         pods=snap_pods,
         shadows=shadows,
     )
-    return SnapshotBuild(snapshot, tuple(skipped), pod_objects)
+    return SnapshotBuild(snapshot, tuple(skipped), pod_objects, forecasts_ignored)
+
+
+MAX_FORECAST_ANNOTATION: Final = 64 * 1024
+"""An idle-forecast annotation longer than this is ignored whole (an agent writes ~60 bytes per GPU)."""
+
+
+@dataclass(slots=True)
+class IgnoredForecasts:
+    """What :func:`parse_idle_forecast` left out: how many entries, and the first few reasons."""
+
+    count: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+    def add(self, reason: str, count: int = 1) -> None:
+        self.count += count
+        if len(self.reasons) < 3:
+            self.reasons.append(reason)
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def reason(self) -> str:
+        more = f" (and {self.count - len(self.reasons)} more)" if self.count > len(self.reasons) else ""
+        return f"{self.count} entries of {keys.NODE_IDLE_FORECAST} ignored: {'; '.join(self.reasons)}{more}"
+
+
+def parse_idle_forecast(
+    node: str, text: str | None, devices: Mapping[DeviceID, object]
+) -> tuple[dict[DeviceID, IdleForecast], IgnoredForecasts]:
+    """The agent's ``spotgpu.io/idle-forecast`` for ``node``: real device ID -> forecast.
+
+    Hostile input is ignored entry by entry and counted, never raised: text that is not a JSON
+    object (or longer than :data:`MAX_FORECAST_ANNOTATION`), keys that are not twin IDs of this
+    node's GPUs (``spot-<id>`` of a device in ``devices``), values that are not objects with
+    whole-second ``expected`` and ``p20`` in ``0..MAX_FORECAST_S``. An ignored entry leaves its GPU
+    without a forecast, which the scheduler treats as unknown: the least attractive a lent GPU can
+    be (it covers no minimum lease), so bad input never makes a GPU more attractive.
+    """
+    ignored = IgnoredForecasts()
+    if text is None:
+        return {}, ignored
+    if not isinstance(text, str) or len(text) > MAX_FORECAST_ANNOTATION:
+        ignored.add(f"the annotation is not a string of at most {MAX_FORECAST_ANNOTATION} characters")
+        return {}, ignored
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict):
+        ignored.add("the annotation is not a JSON object")
+        return {}, ignored
+    out: dict[DeviceID, IdleForecast] = {}
+    for twin, entry in data.items():
+        problem = _forecast_problem(twin, entry, devices)
+        if isinstance(problem, str):
+            ignored.add(f"{str(twin)[:80]!r}: {problem}")
+        else:
+            out[problem[0]] = problem[1]
+    return out, ignored
+
+
+def _forecast_problem(
+    twin: str, entry: object, devices: Mapping[DeviceID, object]
+) -> str | tuple[DeviceID, IdleForecast]:
+    """The parsed entry, or why it is ignored."""
+    try:
+        device = from_spot_id(twin)
+    except ValidationError:
+        return "not a twin ID (spot-<device>)"
+    if device not in devices:
+        return "no such GPU on this node"
+    if not isinstance(entry, dict):
+        return "not an object"
+    expected, p20 = entry.get("expected"), entry.get("p20")
+    for name, value in (("expected", expected), ("p20", p20)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{name} is not whole seconds"
+        if not 0 <= value <= MAX_FORECAST_S:
+            return f"{name} {value} is outside 0..{MAX_FORECAST_S}"
+    assert isinstance(expected, int) and isinstance(p20, int)
+    return device, IdleForecast(expected, p20)
+
+
+def pod_lease(annotations: Mapping[str, Any], where: str) -> tuple[float, float]:
+    """(minLease, checkpointInterval) in seconds from a lone pod's annotations (0 when absent).
+
+    For pods without a PodGroup (a gang's come from its PodGroup's spec). A malformed or negative
+    value raises :class:`~spotgpu.kube.resources.ObjectError` naming the pod and the annotation."""
+    out = []
+    for key in (keys.MIN_LEASE, keys.CHECKPOINT_INTERVAL):
+        raw = annotations.get(key)
+        if raw is None:
+            out.append(0.0)
+            continue
+        try:
+            out.append(float(parse_duration(raw, f"annotation {key}")))
+        except ValidationError as exc:
+            raise ObjectError(f"{where}: {exc}") from None
+    return out[0], out[1]
 
 
 def _reported_use(use: Mapping[DeviceID, SpotUse], pod: PodRef) -> tuple[DeviceID, ...]:
@@ -560,4 +679,15 @@ def _claim_devices(
     return new_nodes, kept_pods, kept_shadows
 
 
-__all__ = ["Skipped", "SnapshotBuild", "SpotUse", "TranslateConfig", "build_snapshot", "is_shadow", "parse_node_state"]
+__all__ = [
+    "IgnoredForecasts",
+    "Skipped",
+    "SnapshotBuild",
+    "SpotUse",
+    "TranslateConfig",
+    "build_snapshot",
+    "is_shadow",
+    "parse_idle_forecast",
+    "parse_node_state",
+    "pod_lease",
+]

@@ -932,6 +932,10 @@ class Simulation:
                         chosen.add(self.nodes_by_name[pod.nominated.node])
             chosen.update(s.node for s in gc_due)
             nodes = self._closure(chosen)
+        return self._snapshot_of(nodes, jobs, now)
+
+    def _snapshot_of(self, nodes: list[NodeSim], jobs: list[JobSim], now: float) -> Snapshot:
+        """The snapshot of ``nodes`` (with every pod and ShadowPod on them) and pending ``jobs``."""
         # Keyed by the model's objects (identity hashing); every order below is deterministic:
         # nodes by index, their GPUs in order, pending jobs in submission order.
         pods: dict[PodSim, Pod] = {}
