@@ -27,9 +27,12 @@ class TaskKind(StrEnum):
     """GPU milli of one twin (shared spot)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class TaskShape:
-    """What placement of a task depends on; tasks of one shape are interchangeable for node choice."""
+    """What placement of a task depends on; tasks of one shape are interchangeable for node choice.
+
+    Interned per cycle (:meth:`ClusterState.shape`): equal shapes are the same object, so identity
+    is equality and hashing is cheap (shapes key the session's per-shape caches)."""
 
     kind: TaskKind
     resource: ResourceName
@@ -51,9 +54,11 @@ class TaskShape:
         return f"{self.gpus} x {what}{lease}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class NodeClass:
-    """A summary of a node's placement-relevant state. Scores are functions of (TaskShape, NodeClass)."""
+    """A summary of a node's placement-relevant state. Scores are functions of (TaskShape, NodeClass).
+
+    Interned per cycle (:meth:`ClusterState.refresh`): equal classes are the same object."""
 
     resource: ResourceName
     pool: str
@@ -175,18 +180,17 @@ class GPUState:
         self.live = 0
         """Users not being evicted."""
         self.nominee: TaskState | None = None
-        self.p20 = lease.UNKNOWN
-        """Its owner's conservative idle forecast in seconds (-1: unknown, or unused in this cycle)."""
-        self.lease = lease.UNKNOWN
-        """The forecast's bucket (:func:`spotgpu.scheduler.lease.bucket`; -1: unknown)."""
+        self.p20 = self.lease = -1  # lease.UNKNOWN (a literal: 40k GPUs per large cycle)
+        """``p20``: its owner's conservative idle forecast in seconds; ``lease``: its bucket
+        (:func:`spotgpu.scheduler.lease.bucket`). -1: unknown, or unused in this cycle."""
 
     def lend(self) -> Lend:
         """How spot work could use this GPU (ignoring its current users): :func:`rules.lend`."""
         return rules.lend(self, self.node.node.lending)
 
     def bindable(self) -> bool:
-        """A reserved task could be bound to it now: :func:`rules.bindable`."""
-        return rules.bindable(self)
+        """A reserved task could be bound to it now: :func:`rules.bindable` (inlined: hot)."""
+        return self.healthy and self.owner is None and not self.users and self.nominee is None
 
     def reclaimable(self) -> bool:
         """Preemption could free it for a reserved task: :func:`rules.reclaimable`."""

@@ -65,6 +65,8 @@ class ClusterState:
         self.capacity_epoch = 0
         """Incremented whenever placement capacity may have grown (memoised failures expire)."""
         self._shapes: dict[tuple[object, ...], TaskShape] = {}
+        self._lease_wanted = False
+        """A pending spot task wants a lease (min_lease or checkpoint_interval)."""
         self.forecasts = False
         """Whether idle forecasts take part in this cycle (a pending spot gang wants a lease and some
         node has forecasts); otherwise every GPU's forecast counts as unknown and is never read."""
@@ -157,13 +159,15 @@ class ClusterState:
                 )
             kind = TaskKind.SHARED if req.is_shared else TaskKind.EXCLUSIVE if req.is_spot else TaskKind.RESERVED
             group = job.group
-            min_lease = group.min_lease if job.spot else 0.0
-            want = max(min_lease, group.checkpoint_interval) if job.spot else 0.0
-            task = TaskState(
-                pod,
-                job,
-                self.shape(kind, req.resource, req.gpus, req.milli, group.pool, min_lease=min_lease, want=want),
-            )
+            if job.spot and (group.min_lease or group.checkpoint_interval):
+                want = max(group.min_lease, group.checkpoint_interval)
+                shape = self.shape(
+                    kind, req.resource, req.gpus, req.milli, group.pool, min_lease=group.min_lease, want=want
+                )
+                self._lease_wanted = self._lease_wanted or pod.node is None
+            else:
+                shape = self.shape(kind, req.resource, req.gpus, req.milli, group.pool)
+            task = TaskState(pod, job, shape)
             self.tasks[pod.ref] = task
             job.tasks.append(task)
             if pod.node is not None:
@@ -262,7 +266,7 @@ class ClusterState:
 
     def _build_forecasts(self) -> None:
         """Attach idle forecasts to the GPUs, when some pending spot task wants a lease."""
-        if not any(t.shape.want and t.node is None for t in self.tasks.values()):
+        if not self._lease_wanted:
             return
         for ns in self.nodes.values():
             forecast = ns.node.idle_forecast
@@ -471,9 +475,10 @@ class ClusterState:
                 pkey = PreemptKey(top, -zero, -avail, node.resource, node.pool)
         if cls is not ns.cls:
             old = ns.cls
+            auto = node.strategy is NodeStrategy.AUTO
             if old is not None:
                 del self.classes[old][ns]
-                if old.auto_lent:
+                if auto and old.auto_lent:
                     self.auto_lent_nodes -= 1
             if cls is not None:
                 bucket = self.classes.get(cls)
@@ -481,7 +486,7 @@ class ClusterState:
                     bucket = self.classes[cls] = {}
                     self.class_list.append(cls)
                 bucket[ns] = None
-                if cls.auto_lent:
+                if auto and cls.auto_lent:
                     self.auto_lent_nodes += 1
             ns.cls = cls
         if pkey != ns.pkey:

@@ -17,7 +17,7 @@ may change the answer, which decides how it treats the gang (docs/scheduler.md, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
@@ -43,6 +43,8 @@ class Status:
 
     code: Code = Code.SUCCESS
     reason: str = ""
+    ok: bool = field(init=False, repr=False, compare=False)
+    """``code is Success`` (a field: read on every task's admission)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.code, Code):
@@ -51,10 +53,7 @@ class Status:
             raise TypeError(f"Status reason must be a string, got {type(self.reason).__name__}")
         if (self.code is Code.SUCCESS) != (not self.reason):
             raise ValueError(f"a {self.code.value} status {'has no' if self.reason else 'needs a'} reason")
-
-    @property
-    def ok(self) -> bool:
-        return self.code is Code.SUCCESS
+        object.__setattr__(self, "ok", self.code is Code.SUCCESS)
 
     @property
     def resolvable(self) -> bool:

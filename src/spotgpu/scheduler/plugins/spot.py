@@ -102,6 +102,9 @@ def _partial_fits(shape: TaskShape, cls: NodeClass) -> bool:
     return False
 
 
+_NO_FIT: Final = (0, 0.0)
+
+
 def _fit(g: GPUState, how: Lend, want: float) -> tuple[int, float]:
     """Best-fit order of a lent GPU for a task wanting ``want`` s (others: as if infinite, first)."""
     return lease.fit_key(g.p20, want) if want and how is Lend.LENT else (0, 0.0)
@@ -225,7 +228,7 @@ class SpotPlugin:
         best: tuple[object, ...] | None = None
         chosen: GPUState | None = None
         for g, how in self._usable(shape, node, unused_only=False):
-            fit = _fit(g, how, want)
+            fit = _fit(g, how, want) if want else _NO_FIT
             if g.users:
                 if g.exclusive or GPU_MILLI - g.used_milli < task.milli:
                     continue
