@@ -4,6 +4,7 @@ plugins that enrol nowhere, and Reserve/Unreserve."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -293,3 +294,17 @@ def test_lent_gpus_need_no_shadow_pod() -> None:
     result = run_cycle(snapshot([node.obj()], [gang("sp", 1, spot_gpus=1, spot=SpotPriority.SPOTMID)]), now=NOW)
     assert result.shadow_creations == () and bound(result)["sp-0"][0] == "n1"
     assert result.binds[0].owners[0].owner == ContainerRef("dev", "a", "main")
+
+
+def test_the_scheduler_process_refuses_a_plugin_that_enrols_nowhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spotgpu.cli import main
+
+    good = tmp_path / "good.yaml"
+    good.write_text("scheduler:\n  plugins: [priority, gang, queue, gpufit, spot]\n")
+    assert main(["scheduler", "--config", str(good), "--check"]) == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("scheduler:\n  plugins: [priority, gang, queue, gpufit, spot, test-misspelt]\n")
+    assert main(["scheduler", "--config", str(bad), "--check"]) == 2
+    assert "did you mean 'class_score'?" in capsys.readouterr().err
