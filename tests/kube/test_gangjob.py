@@ -193,3 +193,54 @@ def test_reconcile_is_idempotent_once_applied() -> None:
     again = reconcile(job(status), groups, pods, now=NOW + 1)
     assert again.actions == ()
     assert all(isinstance(a, CreateObject | DeleteObject) for a in first.actions[:-1])
+
+
+def test_min_lease_and_checkpoint_interval_go_onto_the_podgroup_and_the_pods() -> None:
+    plan = reconcile(job(minLease="1h30m", checkpointInterval=600), [], [], now=NOW)
+    (pg,) = [c.obj for c in plan.creates if c.kind == "PodGroup"]
+    assert (pg["spec"]["minLease"], pg["spec"]["checkpointInterval"]) == ("5400s", "600s")
+    for created_pod in (c.obj for c in plan.creates if c.kind == "Pod"):
+        annotations = created_pod["metadata"]["annotations"]
+        assert (annotations[keys.MIN_LEASE], annotations[keys.CHECKPOINT_INTERVAL]) == ("5400s", "600s")
+    plain = reconcile(job(), [], [], now=NOW)
+    (pg,) = [c.obj for c in plain.creates if c.kind == "PodGroup"]
+    assert "minLease" not in pg["spec"] and "checkpointInterval" not in pg["spec"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        pytest.param({"minLease": "soon"}, "spec.minLease: 'soon' is not a duration", id="min-lease-text"),
+        pytest.param({"minLease": -1}, "spec.minLease: duration must be finite and not negative", id="negative"),
+        pytest.param({"checkpointInterval": "5 minutes"}, "spec.checkpointInterval: '5 minutes'", id="checkpoint"),
+    ],
+)
+def test_a_bad_lease_fails_the_job_naming_the_field(spec: dict, message: str) -> None:
+    plan = reconcile(job(**spec), [], [], now=NOW)
+    assert plan.creates == []
+    assert plan.status is not None and plan.status["phase"] == "Failed" and message in plan.status["message"]
+
+
+def test_the_crd_schema_takes_durations_and_refuses_text() -> None:
+    from spotgpu.kube import crds
+    from spotgpu.testing.kubeapi import ApiFailure, KubeApiServer
+
+    with KubeApiServer(crd_schemas=crds.schemas()) as api:
+        api.put(job(minLease="1h30m", checkpointInterval=600))
+        with pytest.raises(ApiFailure, match=r"spec\.minLease"):
+            api.put({**job(minLease="soon"), "metadata": {"name": "bad", "namespace": "ml"}})
+        group_obj = {
+            "apiVersion": "scheduling.spotgpu.io/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": {"name": "g", "namespace": "ml"},
+            "spec": {"queue": "q", "minMember": 1, "minLease": "2h", "checkpointInterval": "10m"},
+        }
+        api.put(group_obj)
+        with pytest.raises(ApiFailure, match=r"spec\.checkpointInterval"):
+            api.put(
+                {
+                    **group_obj,
+                    "metadata": {"name": "h", "namespace": "ml"},
+                    "spec": {**group_obj["spec"], "checkpointInterval": "ten"},
+                }
+            )

@@ -12,8 +12,11 @@ from spotgpu.core.refs import PodRef
 from spotgpu.core.registry import RegistryError
 from spotgpu.core.types import DurationPolicy, SpotPriority
 from spotgpu.scheduler import NodeOrder, PodGroupPhase, SchedulerBug, SchedulerConfig, open_session, run_cycle
-from spotgpu.scheduler.framework import PLUGINS, Placement, Session, Statement, shadow_name
+from spotgpu.scheduler.framework import PLUGINS, Placement
+from spotgpu.scheduler.plugins.spot import shadow_name
+from spotgpu.scheduler.session import Session
 from spotgpu.scheduler.state import ClusterState, NodeClass, TaskShape
+from spotgpu.scheduler.statement import Statement
 from spotgpu.scheduler.testing import MakeNode, MakePod, MakePodGroup
 
 from .helpers import Cluster, bound, gang, ref, snapshot

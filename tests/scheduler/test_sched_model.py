@@ -93,7 +93,7 @@ def test_object_fields_are_checked() -> None:
 @pytest.mark.parametrize(
     ("annotations", "expected"),
     [
-        ({}, (False, NodeStrategy.IDLE)),
+        ({}, (False, NodeStrategy.AUTO)),  # no spot-prefer annotation: auto (issue 13)
         ({keys.NODE_LOWPOWER_SPOT: "true", keys.NODE_SPOT_PREFER: "lowpower"}, (True, NodeStrategy.LOWPOWER)),
         ({keys.NODE_LOWPOWER_SPOT: " False ", keys.NODE_SPOT_PREFER: "IDLE"}, (False, NodeStrategy.IDLE)),
     ],

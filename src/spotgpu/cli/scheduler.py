@@ -64,11 +64,13 @@ def run(args: argparse.Namespace) -> int:
     from spotgpu.kube.metrics import ControllerMetrics, serve
     from spotgpu.kube.scheduler_loop import SchedulerLoop
     from spotgpu.kube.snapshot import TranslateConfig
+    from spotgpu.scheduler import check_config
     from spotgpu.scheduler.config import SchedulerConfig
 
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     try:
         config = load_yaml_file(args.config, SchedulerConfig, "scheduler") if args.config else SchedulerConfig()
+        check_config(config)  # unknown actions/plugins, plugins enrolled at no extension point
         election = ElectionConfig(args.lease_duration, args.renew_deadline, args.retry_period)
         translate = TranslateConfig(
             gpu_resource=validate_resource_name(args.gpu_resource),

@@ -37,7 +37,11 @@ NODE_LOWPOWER_SPOT: Final = "platform.k8s.io/lowpower-spot"
 """``"true"`` when the node may lend *allocated* idle GPUs (share-GPU); default ``"false"``."""
 
 NODE_SPOT_PREFER: Final = "platform.k8s.io/spot-prefer"
-"""Node strategy: ``idle`` (unallocated GPUs, exclusive first) or ``lowpower`` (lent GPUs, shared first)."""
+"""Node strategy: ``auto`` (unallocated GPUs first, lent ones only for spot work that would otherwise
+wait), ``idle`` (unallocated GPUs, exclusive first) or ``lowpower`` (lent GPUs, shared first)."""
+
+NODE_SPOT_PREFER_DEFAULT: Final = "auto"
+"""The strategy of a node without ``platform.k8s.io/spot-prefer``."""
 
 NODE_SPOT_GPU_STATE: Final = "spotgpu.io/spot-gpu-state"
 """Written by the agent: per real device, its owner, owner state and twin health (JSON); also
@@ -48,7 +52,8 @@ NODE_IDLE_FORECAST: Final = "spotgpu.io/idle-forecast"
 """Written by the agent with :data:`NODE_SPOT_GPU_STATE`: for each *lent* GPU's twin, the
 predicted rest of its owner's idle period in whole seconds, ``{"spot-GPU-x": {"expected": 5400,
 "p20": 1200}}`` (``p20``: 80% of such idle periods last at least that much longer); ``{}`` when
-nothing is lent. From :func:`spotgpu.core.lending.idle_forecast`."""
+nothing is lent. From :func:`spotgpu.core.lending.idle_forecast`; parsed by the scheduler with
+:func:`spotgpu.kube.leases.parse_idle_forecast`."""
 
 # --- gangs, queues, jobs --------------------------------------------------------------------
 API_GROUP: Final = "scheduling.spotgpu.io"
@@ -108,6 +113,13 @@ NOMINATED_DEVICES: Final = "spotgpu.io/nominated-devices"
 
 SPOT_GPU_MILLI: Final = "spotgpu.io/spot-gpu-milli"
 """On a shared spot pod: its share of one GPU in milli-GPU (1..999); absent for exclusive spot."""
+
+MIN_LEASE: Final = "spotgpu.io/min-lease"
+"""On a spot pod (the GangJob controller copies it from ``spec.minLease``): a duration like ``1h``;
+read for pods without a PodGroup (a gang's is its PodGroup's ``spec.minLease``)."""
+
+CHECKPOINT_INTERVAL: Final = "spotgpu.io/checkpoint-interval"
+"""As :data:`MIN_LEASE`, for ``spec.checkpointInterval``."""
 
 # --- GangJob controller (spotgpu.kube) ----------------------------------------------------------
 GANG_ATTEMPT: Final = "scheduling.spotgpu.io/attempt"

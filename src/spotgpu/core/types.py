@@ -61,8 +61,11 @@ _SPOT_PRIORITY_VALUES: Final = {
 
 
 class NodeStrategy(StrEnum):
-    """Where a node prefers to place spot work (node annotation ``spot-prefer``)."""
+    """Where a node prefers to place spot work (node annotation ``spot-prefer``; default ``auto``)."""
 
+    AUTO = "auto"
+    """Unallocated GPUs first; lent idle allocated GPUs only for spot work that unallocated GPUs
+    cannot serve in the same cycle (otherwise it would wait)."""
     IDLE = "idle"
     """Prefer unallocated GPUs, exclusive spot first."""
     LOWPOWER = "lowpower"

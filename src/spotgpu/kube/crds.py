@@ -51,6 +51,28 @@ _GPU_QUANTITY: Final[JSON] = {
 }
 
 
+_DURATION: Final[JSON] = {
+    "x-kubernetes-int-or-string": True,
+    "pattern": r"^([0-9]+(\.[0-9]+)?(h|m|s|ms))+$",
+    "description": "A duration: Go style ('90s', '30m', '1h30m') or whole seconds (>= 0).",
+}
+
+
+def _lease_fields(what: str) -> JSON:
+    return {
+        "minLease": {
+            **_DURATION,
+            "description": f"Spot only: run {what} only on GPUs expected to stay available this long: unallocated "
+            "GPUs, or lent GPUs whose owner's idle forecast (p20) covers it. " + _DURATION["description"],
+        },
+        "checkpointInterval": {
+            **_DURATION,
+            "description": f"Spot only: how often {what} checkpoints; lent GPUs whose idle forecast best fits "
+            "max(minLease, checkpointInterval) are preferred. " + _DURATION["description"],
+        },
+    }
+
+
 def _crd(kind: str, plural: str, scope: str, schema: JSON, *, columns: list[JSON], short: list[str]) -> JSON:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -129,6 +151,7 @@ PODGROUP_SCHEMA: Final[JSON] = _root(
             "minMember": {"type": "integer", "minimum": 1, "maximum": 10000},
             "priorityClassName": {"type": "string", "maxLength": 253},
             "pool": {"type": "string", "maxLength": 63},
+            **_lease_fields("the gang"),
         },
     },
     {
@@ -196,6 +219,7 @@ GANGJOB_SCHEMA: Final[JSON] = _root(
                 "default": r.DEFAULT_REQUEUE_BACKOFF,
                 "description": "Wait before the first requeue; doubles on every further eviction (capped at 600).",
             },
+            **_lease_fields("the job"),
         },
     },
     {

@@ -6,7 +6,9 @@ feeds it from informers and applies the actions through the API.
 A GangJob runs in *attempts*. Attempt ``k`` is the PodGroup ``<job>-<k>`` (``minMember`` =
 ``minAvailable``) and pods ``<job>-<k>-<i>`` for ``i < replicas``, all labelled with the job,
 the attempt, the PodGroup and the queue, owned by the GangJob (garbage collection removes them
-with it), requesting ``platform/spot-gpu`` and naming ``schedulerName: spotgpu``.
+with it), requesting ``platform/spot-gpu`` and naming ``schedulerName: spotgpu``. The job's
+``minLease`` and ``checkpointInterval`` go onto the PodGroup's spec (in seconds, ``"3600s"``) and
+onto every pod (annotations ``spotgpu.io/min-lease``, ``spotgpu.io/checkpoint-interval``).
 
 The phases (``status.phase``):
 
@@ -126,6 +128,16 @@ def _labels(view: GangJobView, attempt: int) -> dict[str, str]:
     }
 
 
+def _lease_spec(view: GangJobView) -> dict[str, str]:
+    """``minLease``/``checkpointInterval`` as the PodGroup carries them (seconds, ``"3600s"``)."""
+    out = {}
+    if view.min_lease is not None:
+        out["minLease"] = f"{view.min_lease:g}s"
+    if view.checkpoint_interval is not None:
+        out["checkpointInterval"] = f"{view.checkpoint_interval:g}s"
+    return out
+
+
 def build_podgroup(job: Mapping[str, Any], view: GangJobView, attempt: int) -> JSON:
     return {
         "apiVersion": API_VERSION,
@@ -140,6 +152,7 @@ def build_podgroup(job: Mapping[str, Any], view: GangJobView, attempt: int) -> J
             "queue": view.queue,
             "minMember": view.min_available,
             "priorityClassName": view.priority.value,
+            **_lease_spec(view),
         },
     }
 
@@ -163,11 +176,21 @@ def build_pod(job: Mapping[str, Any], view: GangJobView, attempt: int, index: in
             "name": f"{podgroup_name(view.name, attempt)}-{index}",
             "namespace": view.namespace,
             "labels": {**(meta.get("labels") or {}), **_labels(view, attempt)},
-            "annotations": dict(meta.get("annotations") or {}),
+            "annotations": {**(meta.get("annotations") or {}), **_lease_annotations(view)},
             "ownerReferences": [_owner_ref(job)],
         },
         "spec": spec,
     }
+
+
+def _lease_annotations(view: GangJobView) -> dict[str, str]:
+    lease = _lease_spec(view)
+    out = {}
+    if "minLease" in lease:
+        out[keys.MIN_LEASE] = lease["minLease"]
+    if "checkpointInterval" in lease:
+        out[keys.CHECKPOINT_INTERVAL] = lease["checkpointInterval"]
+    return out
 
 
 def requeue_delay(view: GangJobView, evictions: int) -> float:

@@ -32,6 +32,7 @@ class ControllerMetrics:
     informer_relists: Gauge = field(init=False)
     snapshot_skipped: Counter = field(init=False)
     forged_shadow_pods: Gauge = field(init=False)
+    forecasts_ignored: Counter = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -67,6 +68,11 @@ class ControllerMetrics:
         self.forged_shadow_pods = Gauge(
             "spotgpu_scheduler_forged_shadow_pods",
             "Pods claiming to be ShadowPods without being authentic ones (treated as ordinary pods)",
+            registry=r,
+        )
+        self.forecasts_ignored = Counter(
+            "spotgpu_scheduler_idle_forecasts_ignored",
+            "Entries of the agents' spotgpu.io/idle-forecast annotations ignored as malformed",
             registry=r,
         )
 

@@ -8,10 +8,13 @@ that validation and still checks every field it uses, raising
 * ``Queue`` (cluster-scoped): ``spec.type`` reserved|spot, ``spec.weight``, ``spec.capacity``
   (GPUs, whole or fractional like ``"2.5"``); status: pending/running gang counts.
 * ``PodGroup`` (namespaced): ``spec.minMember``, ``spec.queue``, ``spec.priorityClassName``,
-  ``spec.pool``; status: ``phase``, counts and conditions, written by the scheduler.
+  ``spec.pool``, ``spec.minLease``, ``spec.checkpointInterval`` (durations); status: ``phase``,
+  counts and conditions, written by the scheduler.
 * ``GangJob`` (namespaced): ``spec.template`` (a pod template), ``replicas``, ``minAvailable``,
   ``queue``, ``priorityClassName`` (spothigh|spotmid|spotlow), ``retryLimit``,
-  ``requeueBackoffSeconds``, ``gpus`` (twins per pod); status written by the GangJob controller.
+  ``requeueBackoffSeconds``, ``gpus`` (twins per pod), ``minLease`` and ``checkpointInterval``
+  (durations like ``"1h30m"`` or whole seconds; copied onto its PodGroups and pods); status
+  written by the GangJob controller.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any, Final
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 
 from spotgpu.core import keys
+from spotgpu.core.config import parse_duration
 from spotgpu.core.errors import ValidationError
 from spotgpu.core.types import GPU_MILLI, QueueType, SpotPriority
 
@@ -93,6 +97,21 @@ def _str(obj: Mapping[str, Any], spec: Mapping[str, Any], key: str, default: str
     return value
 
 
+def duration_field(obj: Mapping[str, Any], spec: Mapping[str, Any], key: str) -> float | None:
+    """``spec.<key>`` as seconds (a duration like ``"1h30m"`` or whole seconds >= 0), or None if absent.
+
+    A malformed or negative value raises :class:`ObjectError` naming the object and the field."""
+    value = spec.get(key)
+    if value is None:
+        return None
+    if isinstance(value, float):
+        raise ObjectError(f"{_where(obj)}: spec.{key}: {value!r} is not a duration; use e.g. '30m' or whole seconds")
+    try:
+        return float(parse_duration(value, f"spec.{key}"))
+    except ValidationError as exc:
+        raise ObjectError(f"{_where(obj)}: {exc}") from None
+
+
 def gpu_quantity_milli(value: object, where: str) -> int:
     """``2``, ``"2"``, ``"2.5"``, ``"500m"`` GPUs -> GPU milli."""
     text = str(value).strip() if isinstance(value, int | float | str) and not isinstance(value, bool) else ""
@@ -138,6 +157,8 @@ class PodGroupView:
     pool: str | None
     phase: str
     created_at: float
+    min_lease: float | None = None
+    checkpoint_interval: float | None = None
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any]) -> PodGroupView:
@@ -153,6 +174,8 @@ class PodGroupView:
             pool=str(pool) if pool else None,
             phase=str((obj.get("status") or {}).get("phase") or "Pending"),
             created_at=parse_time((obj.get("metadata") or {}).get("creationTimestamp")) or 0.0,
+            min_lease=duration_field(obj, spec, "minLease"),
+            checkpoint_interval=duration_field(obj, spec, "checkpointInterval"),
         )
 
 
@@ -170,6 +193,8 @@ class GangJobView:
     retry_limit: int
     requeue_backoff: int
     gpus: int
+    min_lease: float | None = None
+    checkpoint_interval: float | None = None
 
     @classmethod
     def parse(cls, obj: Mapping[str, Any]) -> GangJobView:
@@ -205,6 +230,8 @@ class GangJobView:
             retry_limit=_int(obj, spec, "retryLimit", DEFAULT_RETRY_LIMIT, 0),
             requeue_backoff=min(backoff, MAX_REQUEUE_BACKOFF),
             gpus=_int(obj, spec, "gpus", 0, 0),
+            min_lease=duration_field(obj, spec, "minLease"),
+            checkpoint_interval=duration_field(obj, spec, "checkpointInterval"),
         )
 
 
@@ -248,6 +275,7 @@ __all__ = [
     "format_micro_time",
     "gangjob_manifest",
     "format_time",
+    "duration_field",
     "gpu_quantity_milli",
     "name_of",
     "namespace_of",

@@ -258,6 +258,8 @@ class SchedulerLoop:
         self.metrics.forged_shadow_pods.set(len(build.forged_shadows))
         for s in build.forged_shadows:
             log.warning("pod %s %s", s.key, s.reason)
+        if build.forecasts_ignored:
+            self.metrics.forecasts_ignored.inc(build.forecasts_ignored)
         return build
 
     def run_once(self) -> CycleOutcome:

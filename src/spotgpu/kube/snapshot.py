@@ -9,7 +9,11 @@ Where each part comes from:
   spotgpu agent are not scheduled onto). From that annotation, per real GPU: the owner
   container (``IdleSpace`` = unallocated) and the twin's health; the node's lending settings
   from ``platform.k8s.io/lowpower-spot`` and ``platform.k8s.io/spot-prefer``; schedulable when
-  Ready and not cordoned; the pool from the node label named by ``pool_label``.
+  Ready and not cordoned; the pool from the node label named by ``pool_label``; the idle forecast
+  per lent twin from ``spotgpu.io/idle-forecast`` (:func:`~spotgpu.kube.leases.parse_idle_forecast`: malformed entries
+  are ignored and counted in :attr:`SnapshotBuild.forecasts_ignored`, never fatal).
+* A spot gang's ``minLease``/``checkpointInterval`` come from its PodGroup's spec; a lone pod's
+  from its annotations ``spotgpu.io/min-lease``/``spotgpu.io/checkpoint-interval``.
 * **Queues** and **PodGroups**: the CRDs. A spot PodGroup's ``priorityClassName`` is its spot
   priority; a reserved one's priority is the value of its PriorityClass.
 * **Pods** (``schedulerName: spotgpu``, not finished): gang members carry the ``pod-group``
@@ -64,6 +68,7 @@ from spotgpu.core.mapping_cache import IDLE_SPACE
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.shadow import ShadowCheck, ShadowClaim, check_shadow
 from spotgpu.core.types import GPU_MILLI, Health, QueueType, SpotPriority
+from spotgpu.kube.leases import parse_idle_forecast, pod_lease
 from spotgpu.kube.objects import (
     container_requests,
     disruption,
@@ -119,6 +124,8 @@ class SnapshotBuild:
     forged_shadows: tuple[Skipped, ...] = ()
     """Pods that claim to be ShadowPods but are not (kind ``ForgedShadowPod``; translated as
     ordinary pods, or left out as such)."""
+    forecasts_ignored: int = 0
+    """Entries of ``spotgpu.io/idle-forecast`` annotations left out as malformed (see :func:`parse_idle_forecast`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +244,7 @@ def build_snapshot(
 
     # -- nodes
     snap_nodes: list[Node] = []
+    forecasts_ignored = 0
     owners_by_node: dict[str, dict[ContainerRef, list[DeviceID]]] = {}
     spot_use: dict[str, dict[DeviceID, SpotUse]] = {}
     for obj in nodes:
@@ -250,6 +258,7 @@ def build_snapshot(
             node_state = _parse_state(name, state)
             lending, strategy = parse_node_annotations(name, annotations)
             gpus = tuple(GPU(d, owner=o, twin=h) for d, (o, h, _) in sorted(node_state.items()))
+            forecast, ignored = parse_idle_forecast(name, annotations.get(keys.NODE_IDLE_FORECAST), node_state)
             snap_nodes.append(
                 Node(
                     NodeName(name),
@@ -259,8 +268,12 @@ def build_snapshot(
                     strategy=strategy,
                     schedulable=node_schedulable(obj),
                     pool=str((meta.get("labels") or {}).get(cfg.pool_label, "")),
+                    idle_forecast=forecast,
                 )
             )
+            if ignored:
+                forecasts_ignored += ignored.count
+                skip("IdleForecast", name, ignored.reason())
         except ValidationError as exc:
             skip("Node", name, str(exc))
             continue
@@ -312,6 +325,8 @@ def build_snapshot(
                 phase=phase,
                 created_at=gv.created_at,
                 pool=gv.pool,
+                min_lease=gv.min_lease or 0.0,
+                checkpoint_interval=gv.checkpoint_interval or 0.0,
             )
         except ValidationError as exc:
             skip("PodGroup", key, str(exc))
@@ -389,6 +404,7 @@ def build_snapshot(
                 gref = PodRef(ref.namespace, group_name)
                 if gref not in groups:
                     spot = SpotPriority.SPOTLOW if queue.type is QueueType.SPOT else None
+                    min_lease, checkpoint = pod_lease(annotations, where)
                     groups[gref] = PodGroup(
                         gref,
                         queue_name,
@@ -396,6 +412,8 @@ def build_snapshot(
                         spot_priority=spot,
                         priority=spot.value_int if spot else 0,
                         created_at=created_at,
+                        min_lease=min_lease,
+                        checkpoint_interval=checkpoint,
                     )
             elif PodRef(ref.namespace, group_name) not in groups:
                 skip("Pod", key, f"its PodGroup {group_name!r} does not exist (yet)")
@@ -440,7 +458,7 @@ def build_snapshot(
         pods=snap_pods,
         shadows=shadows,
     )
-    return SnapshotBuild(snapshot, tuple(skipped), pod_objects, tuple(forged))
+    return SnapshotBuild(snapshot, tuple(skipped), pod_objects, tuple(forged), forecasts_ignored)
 
 
 def _reported_use(use: Mapping[DeviceID, SpotUse], pod: PodRef) -> tuple[DeviceID, ...]:

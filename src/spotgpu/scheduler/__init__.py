@@ -14,7 +14,7 @@ Nothing in this package does I/O or reads a clock.
 from __future__ import annotations
 
 from spotgpu.scheduler.config import NodeOrder, SchedulerConfig
-from spotgpu.scheduler.cycle import open_session, run_cycle, select_victims
+from spotgpu.scheduler.cycle import check_config, open_session, run_cycle, select_victims
 from spotgpu.scheduler.model import (
     GPU,
     Bind,
@@ -74,6 +74,7 @@ __all__ = [
     "SnapshotError",
     "Unschedulable",
     "VictimScale",
+    "check_config",
     "open_session",
     "parse_node_annotations",
     "run_cycle",

@@ -24,8 +24,8 @@ from spotgpu.core.refs import PodRef
 from spotgpu.scheduler import actions as _actions  # registers the built-in actions
 from spotgpu.scheduler import plugins as _plugins  # registers the built-in plugins
 from spotgpu.scheduler.config import SchedulerConfig
-from spotgpu.scheduler.framework import Session
 from spotgpu.scheduler.model import CycleResult, Preemption, SchedulerBug, Snapshot, SnapshotError
+from spotgpu.scheduler.session import Session
 from spotgpu.scheduler.state import ClusterState
 from spotgpu.scheduler.victims import preempt_gang
 
@@ -58,6 +58,16 @@ def open_session(snapshot: Snapshot, config: SchedulerConfig | None = None, now:
     """
     state = ClusterState.build(snapshot, _check_now(now))
     return Session.open(state, config or SchedulerConfig())
+
+
+def check_config(config: SchedulerConfig) -> None:
+    """Build every configured action and plugin once, as a cycle would (for start-up).
+
+    Raises :class:`~spotgpu.core.registry.RegistryError` for an unknown name or a plugin that
+    implements no extension point, so a bad configuration stops the process at start instead of
+    failing every cycle."""
+    session = open_session(Snapshot.of((), ()), config)
+    session.state.dispose()
 
 
 def run_cycle(snapshot: Snapshot, config: SchedulerConfig | None = None, now: float = 0.0) -> CycleResult:
@@ -115,4 +125,4 @@ def _select_victims(session: Session, group: PodRef) -> Preemption:
         session.state.dispose()
 
 
-__all__ = ["collector_paused", "open_session", "run_cycle", "select_victims"]
+__all__ = ["check_config", "collector_paused", "open_session", "run_cycle", "select_victims"]

@@ -1,4 +1,5 @@
-"""The scheduler's public data model: the cluster snapshot it reads and the decisions it returns.
+"""The scheduler's public data model: the cluster snapshot it reads (and, re-exported from
+:mod:`spotgpu.scheduler.decisions`, the decisions it returns).
 
 Pure data; no side effects. Everything here is a frozen, slotted dataclass. Objects check their
 own fields when they are constructed (a negative request, an unknown spot priority, a malformed
@@ -9,7 +10,7 @@ decides anything. See docs/scheduler.md for how to build a snapshot and apply de
 Conventions:
 
 * Device IDs are always the *real* GPU IDs (``GPU-x``), also for spot pods, whose kubelet
-  devices are the twins ``spot-GPU-x`` (:meth:`Bind.twin_ids` converts).
+  devices are the twins ``spot-GPU-x`` (``Bind.twin_ids`` converts).
 * Times are seconds since the Unix epoch, as floats (``now`` of a cycle, pod start times).
 * GPU amounts in queue capacities and usage are GPU milli (``core.types.GPU_MILLI`` = 1 GPU).
 * A snapshot is cheap to rebuild: unchanged :class:`Node`, :class:`Pod` and :class:`PodGroup`
@@ -18,11 +19,10 @@ Conventions:
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
+from types import MappingProxyType
 from typing import Final
 
 from spotgpu.core import keys
@@ -38,11 +38,27 @@ from spotgpu.core.ids import (
     validate_resource_name,
 )
 from spotgpu.core.refs import ContainerRef, PodRef, RefError
-from spotgpu.core.shadow import shadow_labels
-from spotgpu.core.types import GPU_MILLI, EvictionReason, Health, NodeStrategy, PodDeviceType, QueueType, SpotPriority
+from spotgpu.core.types import GPU_MILLI, Health, NodeStrategy, QueueType, SpotPriority
+from spotgpu.scheduler.decisions import (
+    DEFAULT_CONTAINER,
+    Bind,
+    ClearNomination,
+    CreateShadowPod,
+    CycleResult,
+    CycleStats,
+    Decision,
+    DeleteShadowPod,
+    DeviceOwner,
+    Evict,
+    Nominate,
+    PodGroupPhase,
+    PodGroupStatus,
+    Preemption,
+    Unschedulable,
+)
 
-DEFAULT_CONTAINER: Final = "main"
-"""Container name used when a pod does not say which of its containers requests the GPUs."""
+MAX_FORECAST_S: Final = 30 * 86400
+"""Idle forecasts above 30 days are not believed (an annotation claiming more is ignored)."""
 
 
 class SnapshotError(ValidationError):
@@ -96,8 +112,9 @@ def parse_node_annotations(node: str, annotations: Mapping[str, str]) -> tuple[b
     """Read a node's lending settings: (lending allowed, strategy).
 
     ``platform.k8s.io/lowpower-spot`` is ``"true"`` or ``"false"`` (default false: only
-    unallocated GPUs are lent, through ShadowPods). ``platform.k8s.io/spot-prefer`` is ``idle``
-    (default) or ``lowpower``. Anything else raises :class:`SnapshotError` naming node and key.
+    unallocated GPUs are lent, through ShadowPods). ``platform.k8s.io/spot-prefer`` is ``auto``
+    (the default), ``idle`` or ``lowpower``. Anything else raises :class:`SnapshotError` naming
+    node and key.
     """
     raw_lending = annotations.get(keys.NODE_LOWPOWER_SPOT, "false").strip().lower()
     if raw_lending not in ("true", "false"):
@@ -105,7 +122,7 @@ def parse_node_annotations(node: str, annotations: Mapping[str, str]) -> tuple[b
             f"node {node}: annotation {keys.NODE_LOWPOWER_SPOT}={annotations[keys.NODE_LOWPOWER_SPOT]!r}"
             " must be 'true' or 'false'"
         )
-    raw_strategy = annotations.get(keys.NODE_SPOT_PREFER, NodeStrategy.IDLE.value).strip().lower()
+    raw_strategy = annotations.get(keys.NODE_SPOT_PREFER, keys.NODE_SPOT_PREFER_DEFAULT).strip().lower()
     try:
         strategy = NodeStrategy(raw_strategy)
     except ValueError:
@@ -117,23 +134,51 @@ def parse_node_annotations(node: str, annotations: Mapping[str, str]) -> tuple[b
 
 
 @dataclass(frozen=True, slots=True)
+class IdleForecast:
+    """The node agent's forecast for one lent GPU: how long its owner stays idle from now.
+
+    ``expected`` is the expected remainder in seconds, ``p20`` the conservative one (the owner
+    stays idle at least this long with 80% probability). Both are whole seconds in
+    ``0..MAX_FORECAST_S``.
+    """
+
+    expected: int
+    p20: int
+
+    def __post_init__(self) -> None:
+        for name in ("expected", "p20"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_FORECAST_S:
+                raise SnapshotError(
+                    f"idle forecast: {name} must be whole seconds in 0..{MAX_FORECAST_S}, got {value!r}"
+                )
+
+
+NO_FORECAST: Final[Mapping[DeviceID, IdleForecast]] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
 class Node:
     """A GPU node: its real GPUs (in device-plugin order) and lending settings.
 
     ``lending`` is the node annotation that allows lending *allocated* idle GPUs (unallocated
-    GPUs are always lendable through ShadowPods); ``strategy`` is ``idle`` (prefer unallocated
-    GPUs, exclusive spot first) or ``lowpower`` (prefer lent idle GPUs, shared spot first).
-    ``schedulable`` is false for cordoned or NotReady nodes: nothing new is placed there.
-    ``pool`` is a free-form node pool (e.g. the GPU model); a PodGroup with a pool only goes there.
+    GPUs are always lendable through ShadowPods); ``strategy`` is ``auto`` (the default: prefer
+    unallocated GPUs, lend allocated ones only to spot work that would otherwise wait), ``idle``
+    (prefer unallocated GPUs, exclusive spot first) or ``lowpower`` (prefer lent idle GPUs,
+    shared spot first). ``schedulable`` is false for cordoned or NotReady nodes: nothing new is
+    placed there. ``pool`` is a free-form node pool (e.g. the GPU model); a PodGroup with a pool
+    only goes there. ``idle_forecast``: the agent's forecast per lent GPU (real device ID; GPUs
+    without one count as unknown, see :mod:`spotgpu.scheduler.lease`).
     """
 
     name: NodeName
     gpus: tuple[GPU, ...]
     resource: ResourceName = NVIDIA_GPU_RESOURCE
     lending: bool = False
-    strategy: NodeStrategy = NodeStrategy.IDLE
+    strategy: NodeStrategy = NodeStrategy.AUTO
     schedulable: bool = True
     pool: str = ""
+    idle_forecast: Mapping[DeviceID, IdleForecast] = field(default_factory=lambda: NO_FORECAST, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -150,6 +195,18 @@ class Node:
             )
         if not isinstance(self.strategy, NodeStrategy):
             raise SnapshotError(f"node {self.name}: strategy {self.strategy!r} is not a NodeStrategy")
+        if self.idle_forecast:
+            self._check_forecast()
+
+    def _check_forecast(self) -> None:
+        if not isinstance(self.idle_forecast, Mapping):
+            raise SnapshotError(f"node {self.name}: idle_forecast must be a mapping, got {self.idle_forecast!r}")
+        ids = {g.id for g in self.gpus if isinstance(g, GPU)}
+        for device, forecast in self.idle_forecast.items():
+            if device not in ids:
+                raise SnapshotError(f"node {self.name}: idle forecast for device {device!r}, which it does not have")
+            if not isinstance(forecast, IdleForecast):
+                raise SnapshotError(f"node {self.name}: idle forecast for {device} must be an IdleForecast")
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,21 +234,15 @@ class Queue:
             raise SnapshotError(f"queue {self.name}: capacity_milli must be None or an integer >= 0, got {cap!r}")
 
 
-class PodGroupPhase(StrEnum):
-    PENDING = "Pending"
-    """Waiting to be admitted (not enough members yet, queue over capacity) or requeued after eviction."""
-    INQUEUE = "Inqueue"
-    """Admitted: the scheduler tries to place it."""
-    RUNNING = "Running"
-    """At least ``min_member`` pods are placed."""
-
-
 @dataclass(frozen=True, slots=True)
 class PodGroup:
     """A gang: at least ``min_member`` of its pods are placed together, or none.
 
     ``priority`` is the priority-class value of a reserved gang; a spot gang is ordered and
     protected by ``spot_priority`` (spothigh 3000 > spotmid 2000 > spotlow 1000; default spotlow).
+    A spot gang may declare ``min_lease`` (seconds: run only on GPUs expected to stay available
+    that long) and ``checkpoint_interval`` (seconds between its checkpoints); see
+    :mod:`spotgpu.scheduler.lease`. Both 0 (the default): no lease, forecasts are ignored.
     """
 
     ref: PodRef
@@ -202,10 +253,18 @@ class PodGroup:
     phase: PodGroupPhase = PodGroupPhase.PENDING
     created_at: float = 0.0
     pool: str | None = None
+    min_lease: float = 0.0
+    checkpoint_interval: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.ref, PodRef) or self.ref.is_relative:
             raise SnapshotError(f"PodGroup {self.ref}: ref must be a PodRef with a namespace")
+        for name in ("min_lease", "checkpoint_interval"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+                raise SnapshotError(
+                    f"PodGroup {self.ref}: {name} must be a finite number of seconds >= 0, got {value!r}"
+                )
         if not isinstance(self.queue, str) or not self.queue:
             raise SnapshotError(f"PodGroup {self.ref}: queue must be a non-empty string")
         if isinstance(self.min_member, bool) or not isinstance(self.min_member, int) or self.min_member < 1:
@@ -456,234 +515,10 @@ class Snapshot:
         return cls(tuple(nodes), tuple(queues), tuple(groups), tuple(pods), tuple(shadows), victim_scale)
 
 
-# --------------------------------------------------------------------------------------------
-# Decisions: what the cycle wants done. Adapters apply them; the simulator applies them to its model.
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceOwner:
-    """The owner of one real device a spot pod uses: a reserved container or a ShadowPod's."""
-
-    device: DeviceID
-    owner: ContainerRef
-
-
-def _devices_json(resource: str, devices: Iterable[str]) -> str:
-    return json.dumps({resource: list(devices)}, separators=(",", ":"), sort_keys=True)
-
-
-@dataclass(frozen=True, slots=True)
-class Bind:
-    """Bind ``pod`` to ``node`` with exactly these real ``devices``.
-
-    For a reserved pod, ``resource`` is the real GPU resource and the kubelet must allocate
-    these devices. For a spot pod, ``resource`` is ``platform/spot-gpu``; the kubelet allocates
-    the twins (:meth:`twin_ids`) and ``owners`` names, per real device, the container the runtime
-    syncs it from (write it as the ``platform.k8s.io/device-owner`` annotation:
-    :meth:`annotations`). ``milli`` is the share of a shared spot pod (0 = whole GPUs).
-    """
-
-    pod: PodRef
-    group: PodRef
-    node: NodeName
-    resource: ResourceName
-    devices: tuple[DeviceID, ...]
-    container: str = DEFAULT_CONTAINER
-    milli: int = 0
-    owners: tuple[DeviceOwner, ...] = ()
-
-    @property
-    def spot(self) -> bool:
-        return self.resource == SPOT_GPU_RESOURCE
-
-    def twin_ids(self) -> tuple[DeviceID, ...]:
-        """The twins (``spot-<id>``) a spot pod gets from the kubelet."""
-        return tuple(to_spot_id(d) for d in self.devices)
-
-    def owner_map(self) -> dict[DeviceID, ContainerRef]:
-        return {o.device: o.owner for o in self.owners}
-
-    def annotations(self) -> dict[str, str]:
-        """Pod annotations to write before binding (device-owner for spot pods; assigned devices)."""
-        out = {keys.ASSIGNED_DEVICES: _devices_json(self.resource, self.twin_ids() if self.spot else self.devices)}
-        if self.owners:
-            out[keys.DEVICE_OWNER] = json.dumps(
-                {o.device: o.owner.format() for o in self.owners}, separators=(",", ":"), sort_keys=True
-            )
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class CreateShadowPod:
-    """Create a ShadowPod on ``node`` requesting exactly these unallocated real ``devices``.
-
-    It lives in the ShadowPod namespace (``shadowNamespace``: only the scheduler may write there),
-    carries the ShadowPod label and annotation (:mod:`spotgpu.core.shadow`: what makes the agent
-    believe it), runs a pause container named ``container`` and is the device owner of its
-    devices for the gang's spot pods. Apply it before the binds of the same cycle that name it as owner.
-    """
-
-    pod: PodRef
-    node: NodeName
-    resource: ResourceName
-    devices: tuple[DeviceID, ...]
-    group: PodRef
-    container: str = DEFAULT_CONTAINER
-
-    @property
-    def container_ref(self) -> ContainerRef:
-        return ContainerRef(self.pod.namespace, self.pod.name, self.container)
-
-    def labels(self) -> dict[str, str]:
-        """The ShadowPod label, and the shadow-for label: the PodGroup's name, when it fits a label value."""
-        return {**shadow_labels(), **({keys.SHADOW_FOR: self.group.name} if len(self.group.name) <= 63 else {})}
-
-    def annotations(self) -> dict[str, str]:
-        return {
-            keys.POD_DEVICE_TYPE: PodDeviceType.SHADOW.value,
-            keys.ASSIGNED_DEVICES: _devices_json(self.resource, self.devices),
-            keys.SHADOW_FOR: self.group.format(),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteShadowPod:
-    """Delete a ShadowPod whose devices no spot pod uses any more (or that preemption frees)."""
-
-    pod: PodRef
-    node: NodeName
-    devices: tuple[DeviceID, ...]
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Evict:
-    """Evict ``pod`` (a member of spot gang ``group``; whole gangs are always evicted together).
-
-    ``preemptor`` is the reserved PodGroup the GPUs are freed for. Set the pod condition
-    ``DisruptionTarget`` with ``reason`` and ``message``, kill, delete.
-    """
-
-    pod: PodRef
-    group: PodRef
-    node: NodeName | None
-    devices: tuple[DeviceID, ...]
-    reason: EvictionReason
-    message: str
-    preemptor: PodRef | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Nominate:
-    """Keep ``devices`` on ``node`` for pending pod ``pod`` (preemption frees them for it)."""
-
-    pod: PodRef
-    group: PodRef
-    node: NodeName
-    devices: tuple[DeviceID, ...]
-
-    def annotations(self) -> dict[str, str]:
-        """The nominated-devices annotation (with ``status.nominatedNodeName`` = ``node``)."""
-        value = {"node": self.node, "devices": list(self.devices)}
-        return {keys.NOMINATED_DEVICES: json.dumps(value, separators=(",", ":"), sort_keys=True)}
-
-
-@dataclass(frozen=True, slots=True)
-class ClearNomination:
-    """Drop a pod's nomination (it no longer applies); ``reason`` says why."""
-
-    pod: PodRef
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class PodGroupStatus:
-    """Set a PodGroup's phase; ``reason``/``message`` go to its Scheduled/Unschedulable condition."""
-
-    group: PodRef
-    phase: PodGroupPhase
-    reason: str = ""
-    message: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Unschedulable:
-    """Why a gang that wanted to be placed in this cycle was not (or only nominated)."""
-
-    group: PodRef
-    reason: str
-
-
-Decision = Evict | DeleteShadowPod | ClearNomination | Nominate | CreateShadowPod | Bind | PodGroupStatus
-
-
-@dataclass(frozen=True, slots=True)
-class CycleStats:
-    """Counts of one cycle (no wall-clock figures: the core never reads a clock)."""
-
-    gangs_considered: int = 0
-    gangs_placed: int = 0
-    pods_placed: int = 0
-    gangs_preempting: int = 0
-    pods_evicted: int = 0
-    shadows_created: int = 0
-    shadows_deleted: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class CycleResult:
-    """All decisions of one cycle, complete; each tuple is in a deterministic order.
-
-    :meth:`decisions` yields them in the order to apply: evictions, ShadowPod deletions,
-    nomination changes, ShadowPod creations, binds, PodGroup statuses.
-    """
-
-    evictions: tuple[Evict, ...] = ()
-    shadow_deletions: tuple[DeleteShadowPod, ...] = ()
-    cleared_nominations: tuple[ClearNomination, ...] = ()
-    nominations: tuple[Nominate, ...] = ()
-    shadow_creations: tuple[CreateShadowPod, ...] = ()
-    binds: tuple[Bind, ...] = ()
-    statuses: tuple[PodGroupStatus, ...] = ()
-    unschedulable: tuple[Unschedulable, ...] = ()
-    stats: CycleStats = field(default_factory=CycleStats)
-
-    def decisions(self) -> Iterator[Decision]:
-        yield from self.evictions
-        yield from self.shadow_deletions
-        yield from self.cleared_nominations
-        yield from self.nominations
-        yield from self.shadow_creations
-        yield from self.binds
-        yield from self.statuses
-
-    def reasons(self) -> dict[PodRef, str]:
-        """PodGroup -> why it was not placed in this cycle."""
-        return {u.group: u.reason for u in self.unschedulable}
-
-
-@dataclass(frozen=True, slots=True)
-class Preemption:
-    """The outcome of victim selection for one pending reserved gang.
-
-    When ``possible``: evicting the PodGroups ``victims`` (in policy order, whole gangs) frees
-    enough GPUs; ``evictions`` are the pods to evict, ``nominations`` the GPUs kept for the
-    preemptor's pods, ``waiting_on`` pods already being evicted whose GPUs were counted as
-    freed. Otherwise ``reason`` says why no victim set exists.
-    """
-
-    preemptor: PodRef
-    possible: bool
-    victims: tuple[PodRef, ...] = ()
-    evictions: tuple[Evict, ...] = ()
-    nominations: tuple[Nominate, ...] = ()
-    waiting_on: tuple[PodRef, ...] = ()
-    reason: str = ""
-
-
 __all__ = [
     "DEFAULT_CONTAINER",
+    "MAX_FORECAST_S",
+    "NO_FORECAST",
     "GPU",
     "Bind",
     "ClearNomination",
@@ -695,6 +530,7 @@ __all__ = [
     "DeviceOwner",
     "Evict",
     "GPURequest",
+    "IdleForecast",
     "Node",
     "Nominate",
     "Nomination",

@@ -6,8 +6,10 @@ nodes, GPUs, gangs and pods. A cycle mutates only these mirrors, never the snaps
 mutation has an exact inverse so that a :class:`~spotgpu.scheduler.framework.Statement` can undo
 a gang that did not fit.
 
-Nodes are indexed by their :class:`NodeClass`, a summary of everything placement scores depend
-on (resource, pool, strategy, lending, free counts, shared remainders). Nodes of one class are
+The mirrors are in :mod:`spotgpu.scheduler.mirrors`, the rules that read them (lendable, bindable,
+reclaimable, the per-node summary) in :mod:`spotgpu.scheduler.rules`. Nodes are indexed by their
+:class:`NodeClass`, a summary of everything placement scores depend on (resource, pool, strategy,
+lending, free counts, shared remainders, idle-forecast buckets). Nodes of one class are
 interchangeable for filtering and scoring, which keeps the cost of finding a node proportional to
 the number of distinct classes (hundreds) instead of nodes (thousands). A second index by
 :class:`PreemptKey` serves victim search.
@@ -15,273 +17,26 @@ the number of distinct classes (hundreds) instead of nodes (thousands). A second
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import IntEnum, StrEnum
 from typing import TypeVar
 
 from spotgpu.core.ids import DeviceID, NodeName, ResourceName
 from spotgpu.core.refs import ContainerRef, PodRef
-from spotgpu.core.types import GPU_MILLI, Health, NodeStrategy, QueueType, SpotPriority
+from spotgpu.core.types import GPU_MILLI, NodeStrategy
+from spotgpu.scheduler import lease, rules
+from spotgpu.scheduler.mirrors import (
+    GPUState,
+    JobState,
+    NodeClass,
+    NodeState,
+    PreemptKey,
+    QueueState,
+    ShadowState,
+    TaskKind,
+    TaskShape,
+    TaskState,
+)
 from spotgpu.scheduler.model import GPU, Node, Pod, PodGroup, Queue, ShadowPod, Snapshot, SnapshotError, VictimScale
-
-
-class TaskKind(StrEnum):
-    RESERVED = "reserved"
-    """Whole real GPUs."""
-    EXCLUSIVE = "exclusive"
-    """Whole twins (exclusive spot)."""
-    SHARED = "shared"
-    """GPU milli of one twin (shared spot)."""
-
-
-class Lend(IntEnum):
-    """How a GPU could serve spot work right now (from the spot plugin's point of view)."""
-
-    NO = 0
-    NEW_SHADOW = 1
-    """Unallocated: a new ShadowPod must hold it."""
-    SHADOW = 2
-    """Held by a ShadowPod already."""
-    LENT = 3
-    """Allocated to an idle reserved owner on a node that allows lending."""
-
-
-@dataclass(frozen=True, slots=True)
-class TaskShape:
-    """What placement of a task depends on; tasks of one shape are interchangeable for node choice."""
-
-    kind: TaskKind
-    resource: ResourceName
-    gpus: int
-    milli: int
-    pool: str | None
-
-    def describe(self) -> str:
-        if self.kind is TaskKind.SHARED:
-            return f"{self.milli} milli of one spot GPU"
-        what = "spot GPU" if self.kind is TaskKind.EXCLUSIVE else self.resource
-        return f"{self.gpus} x {what}"
-
-
-@dataclass(frozen=True, slots=True)
-class NodeClass:
-    """A summary of a node's placement-relevant state. Scores are functions of (TaskShape, NodeClass)."""
-
-    resource: ResourceName
-    pool: str
-    strategy: NodeStrategy
-    lending: bool
-    gpus: int
-    """GPUs on the node (healthy or not)."""
-    free: int
-    """Unallocated, healthy, unused, un-nominated real GPUs (reserved tasks can take them)."""
-    spot_unallocated: int
-    """Twins usable by exclusive spot on unallocated or ShadowPod-held GPUs."""
-    spot_lent: int
-    """Twins usable by exclusive spot on GPUs allocated to an idle owner (lending nodes only)."""
-    partials: tuple[int, ...]
-    """Remaining milli of GPUs that shared spot pods use partly, ascending."""
-
-    @property
-    def spot_free(self) -> int:
-        return self.spot_unallocated + self.spot_lent
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class PreemptKey:
-    """Index key for victim search (ordered: cheapest-looking nodes first)."""
-
-    top_priority: int
-    """Highest spot priority among live spot users of reclaimable GPUs (0: none)."""
-    neg_zero_cost: int
-    """Minus the GPUs available without new victims (free, or all users already evicting; for a
-    GPU held by a ShadowPod that is not being deleted: no live user on any of its GPUs)."""
-    neg_available: int
-    """Minus the GPUs available with victims."""
-    resource: ResourceName
-    pool: str
-
-
-class ShadowState:
-    """A ShadowPod, from the snapshot or created in this cycle."""
-
-    __slots__ = ("created_at", "deleting", "devices", "group", "new", "node", "nominated", "owner", "ref")
-
-    def __init__(
-        self, ref: PodRef, owner: ContainerRef, node: NodeState, group: PodRef | None, created_at: float, *, new: bool
-    ) -> None:
-        self.ref = ref
-        self.owner = owner
-        self.node = node
-        self.group = group
-        self.created_at = created_at
-        self.new = new
-        self.deleting = False
-        self.devices: list[GPUState] = []
-        self.nominated = 0
-        """How many of its GPUs are nominated for a preempting pod. While any is, the ShadowPod is
-        *draining*: it has to go as a whole (a pod's resources are immutable), so no new spot work
-        may use any of its GPUs."""
-
-    def live_users(self) -> bool:
-        """Whether any of its GPUs has a spot user that is not being evicted (it cannot go yet)."""
-        return any(g.live for g in self.devices)
-
-
-class GPUState:
-    __slots__ = (
-        "exclusive",
-        "healthy",
-        "holder",
-        "id",
-        "index",
-        "live",
-        "node",
-        "nominee",
-        "owner",
-        "shadow",
-        "twin_ok",
-        "used_milli",
-        "users",
-    )
-
-    def __init__(self, node: NodeState, index: int, gpu: GPU) -> None:
-        self.node = node
-        self.index = index
-        self.id: DeviceID = gpu.id
-        self.owner: ContainerRef | None = gpu.owner
-        self.shadow: ShadowState | None = None
-        self.holder: TaskState | None = None
-        self.healthy = gpu.health is Health.HEALTHY
-        self.twin_ok = gpu.twin is Health.HEALTHY
-        self.users: list[TaskState] = []
-        self.used_milli = 0
-        self.exclusive = 0
-        self.live = 0
-        """Users not being evicted."""
-        self.nominee: TaskState | None = None
-
-    def lend(self) -> Lend:
-        """How spot work could use this GPU (ignoring its current users)."""
-        if not (self.healthy and self.twin_ok) or self.nominee is not None:
-            return Lend.NO
-        if self.owner is None:
-            return Lend.NEW_SHADOW
-        if self.shadow is not None:
-            return Lend.NO if self.shadow.deleting or self.shadow.nominated else Lend.SHADOW
-        if self.holder is not None and self.holder.tentative:
-            return Lend.NO  # placed in this cycle: its owner is about to start, not idle
-        return Lend.LENT if self.node.node.lending else Lend.NO
-
-    def bindable(self) -> bool:
-        """A reserved task could be bound to it now."""
-        return self.healthy and self.owner is None and not self.users and self.nominee is None
-
-    def reclaimable(self) -> bool:
-        """Preemption could free it for a reserved task (spot users and ShadowPods only).
-
-        Necessary, not sufficient: a ShadowPod-held GPU is freed only with its whole ShadowPod,
-        i.e. once every spot user of *any* of the ShadowPod's GPUs is gone
-        (:mod:`spotgpu.scheduler.victims` counts that cost).
-        """
-        return self.healthy and (self.owner is None or (self.shadow is not None and not self.shadow.new))
-
-
-class NodeState:
-    __slots__ = ("by_id", "cls", "gpus", "name", "node", "order", "pkey", "version")
-
-    def __init__(self, node: Node, order: int) -> None:
-        self.node = node
-        self.name: NodeName = node.name
-        self.order = order
-        self.gpus = [GPUState(self, i, g) for i, g in enumerate(node.gpus)]
-        self.by_id = {g.id: g for g in self.gpus}
-        self.cls: NodeClass | None = None
-        self.pkey: PreemptKey | None = None
-        self.version = 0
-        """Incremented by every change on the node (caches of per-node evaluations check it)."""
-
-    def __repr__(self) -> str:
-        return f"NodeState({self.name})"
-
-
-class TaskState:
-    __slots__ = (
-        "container",
-        "devices",
-        "evicting",
-        "gpus",
-        "job",
-        "kind",
-        "milli",
-        "node",
-        "nomination",
-        "pod",
-        "ref",
-        "shape",
-        "start_time",
-        "tentative",
-    )
-
-    def __init__(self, pod: Pod, job: JobState, shape: TaskShape) -> None:
-        self.pod = pod
-        self.ref = pod.ref
-        self.job = job
-        self.shape = shape
-        self.kind = shape.kind
-        self.gpus = shape.gpus
-        self.milli = shape.milli
-        self.container: ContainerRef | None = pod.container_ref if shape.kind is TaskKind.RESERVED else None
-        """The GPU container (reserved tasks only: it becomes the owner of their GPUs)."""
-        self.node: NodeState | None = None
-        self.devices: list[GPUState] = []
-        self.evicting = pod.evicting
-        self.start_time = pod.start_time
-        self.nomination: tuple[NodeState, list[GPUState]] | None = None
-        self.tentative = False
-        """Placed in this cycle (not yet in the cluster)."""
-
-    @property
-    def request_milli(self) -> int:
-        return self.gpus * GPU_MILLI + self.milli
-
-    def __repr__(self) -> str:
-        return f"TaskState({self.ref})"
-
-
-class JobState:
-    __slots__ = ("created_at", "group", "phase", "priority", "queue", "ready", "ref", "spot", "tasks")
-
-    def __init__(self, group: PodGroup, queue: QueueState) -> None:
-        self.group = group
-        self.ref = group.ref
-        self.queue = queue
-        self.spot = queue.queue.type is QueueType.SPOT
-        if self.spot:
-            self.priority = (group.spot_priority or SpotPriority.SPOTLOW).value_int
-        else:
-            self.priority = group.priority
-        self.created_at = group.created_at
-        self.phase = group.phase
-        self.tasks: list[TaskState] = []
-        self.ready = 0
-        """Placed pods not being evicted."""
-
-    def pending(self) -> list[TaskState]:
-        return [t for t in self.tasks if t.node is None]
-
-    def __repr__(self) -> str:
-        return f"JobState({self.ref})"
-
-
-class QueueState:
-    __slots__ = ("allocated_milli", "jobs", "queue")
-
-    def __init__(self, queue: Queue) -> None:
-        self.queue = queue
-        self.allocated_milli = 0
-        self.jobs: list[JobState] = []
-
+from spotgpu.scheduler.rules import Lend
 
 _T = TypeVar("_T")
 
@@ -305,9 +60,16 @@ class ClusterState:
         """Every class ever created in this cycle, in creation order (the framework extends its cached orders)."""
         self.pindex: dict[PreemptKey, dict[NodeState, None]] = {}
         self._pkeys_sorted: list[PreemptKey] | None = None
+        self.auto_lent_nodes = 0
+        """Nodes whose class has lent capacity on an ``auto`` node (spot tasks first try without it)."""
         self.capacity_epoch = 0
         """Incremented whenever placement capacity may have grown (memoised failures expire)."""
-        self._shapes: dict[tuple[TaskKind, ResourceName, int, int, str | None], TaskShape] = {}
+        self._shapes: dict[tuple[object, ...], TaskShape] = {}
+        self._lease_wanted = False
+        """A pending spot task wants a lease (min_lease or checkpoint_interval)."""
+        self.forecasts = False
+        """Whether idle forecasts take part in this cycle (a pending spot gang wants a lease and some
+        node has forecasts); otherwise every GPU's forecast counts as unknown and is never read."""
         self._interned: dict[tuple[object, ...], NodeClass] = {}
 
     # -- building ---------------------------------------------------------------------------
@@ -350,6 +112,7 @@ class ClusterState:
         state._build_shadows(snapshot)
         state._build_pods(snapshot)
         state._build_nominations()
+        state._build_forecasts()
         for ns in state.nodes.values():
             state.refresh(ns)
         return state
@@ -395,7 +158,16 @@ class ClusterState:
                     + ("platform/spot-gpu" if job.spot else "real GPUs, never platform/spot-gpu")
                 )
             kind = TaskKind.SHARED if req.is_shared else TaskKind.EXCLUSIVE if req.is_spot else TaskKind.RESERVED
-            task = TaskState(pod, job, self.shape(kind, req.resource, req.gpus, req.milli, job.group.pool))
+            group = job.group
+            if job.spot and (group.min_lease or group.checkpoint_interval):
+                want = max(group.min_lease, group.checkpoint_interval)
+                shape = self.shape(
+                    kind, req.resource, req.gpus, req.milli, group.pool, min_lease=group.min_lease, want=want
+                )
+                self._lease_wanted = self._lease_wanted or pod.node is None
+            else:
+                shape = self.shape(kind, req.resource, req.gpus, req.milli, group.pool)
+            task = TaskState(pod, job, shape)
             self.tasks[pod.ref] = task
             job.tasks.append(task)
             if pod.node is not None:
@@ -492,13 +264,52 @@ class ClusterState:
                     g.shadow.nominated += 1
             task.nomination = (ns, gpus)
 
+    def _build_forecasts(self) -> None:
+        """Attach idle forecasts to the GPUs, when some pending spot task wants a lease."""
+        if not self._lease_wanted:
+            return
+        for ns in self.nodes.values():
+            forecast = ns.node.idle_forecast
+            if not forecast:
+                continue
+            self.forecasts = True
+            for g in ns.gpus:
+                f = forecast.get(g.id)
+                if f is not None:
+                    g.p20 = f.p20
+                    g.lease = lease.bucket(f.p20)
+
     # -- helpers ----------------------------------------------------------------------------
-    def shape(self, kind: TaskKind, resource: ResourceName, gpus: int, milli: int, pool: str | None) -> TaskShape:
-        key = (kind, resource, gpus, milli, pool)
+    def shape(
+        self,
+        kind: TaskKind,
+        resource: ResourceName,
+        gpus: int,
+        milli: int,
+        pool: str | None,
+        *,
+        min_lease: float = 0.0,
+        want: float = 0.0,
+        auto_lent: bool = True,
+    ) -> TaskShape:
+        key = (kind, resource, gpus, milli, pool, min_lease, want, auto_lent)
         shape = self._shapes.get(key)
         if shape is None:
-            shape = self._shapes[key] = TaskShape(kind, resource, gpus, milli, pool)
+            shape = self._shapes[key] = TaskShape(kind, resource, gpus, milli, pool, min_lease, want, auto_lent)
         return shape
+
+    def without_auto_lent(self, shape: TaskShape) -> TaskShape:
+        """``shape`` restricted to unallocated GPUs on ``auto`` nodes (the first try of a spot task)."""
+        return self.shape(
+            shape.kind,
+            shape.resource,
+            shape.gpus,
+            shape.milli,
+            shape.pool,
+            min_lease=shape.min_lease,
+            want=shape.want,
+            auto_lent=False,
+        )
 
     # -- primitive mutations (each has an exact inverse) ------------------------------------
     def _attach(self, task: TaskState, ns: NodeState, gpus: list[GPUState]) -> None:
@@ -598,22 +409,32 @@ class ClusterState:
         self.capacity_epoch += 1
         return nom
 
-    def add_shadow(self, shadow: ShadowState, gpus: list[GPUState]) -> None:
+    def add_shadow(self, shadow: ShadowState, gpus: list[GPUState], *, refresh: bool = True) -> None:
+        """``shadow`` (new in this cycle, or already holding GPUs) takes unallocated ``gpus``.
+
+        ``refresh=False`` leaves the node's class to the caller's next change on the node (a
+        Reserve plugin: :meth:`place` follows at once and refreshes)."""
         for g in gpus:
-            assert g.owner is None and g.shadow is None
+            if g.owner is not None or g.shadow is not None:
+                raise AssertionError(f"{g.id} is held by {g.owner} already")
             g.owner = shadow.owner
             g.shadow = shadow
         shadow.devices.extend(gpus)
         self.shadows[shadow.owner] = shadow
-        self.refresh(shadow.node)
+        if refresh:
+            self.refresh(shadow.node)
 
-    def remove_shadow(self, shadow: ShadowState) -> None:
-        for g in shadow.devices:
+    def release_from_shadow(self, shadow: ShadowState, gpus: list[GPUState]) -> None:
+        """Undo :meth:`add_shadow` for ``gpus``; a ShadowPod left without GPUs is forgotten."""
+        for g in gpus:
+            if g.shadow is not shadow:
+                raise AssertionError(f"{g.id} is not held by {shadow.ref}")
             g.owner = None
             g.shadow = None
-        shadow.devices.clear()
-        shadow.nominated = 0
-        del self.shadows[shadow.owner]
+            shadow.devices.remove(g)
+        if not shadow.devices:
+            shadow.nominated = 0
+            del self.shadows[shadow.owner]
         self.refresh(shadow.node)
         self.capacity_epoch += 1
 
@@ -623,61 +444,17 @@ class ClusterState:
 
     # -- indexes ----------------------------------------------------------------------------
     def refresh(self, ns: NodeState) -> None:
-        """Recompute the node's class and preemption key and move it in the indexes.
-
-        Called after every change on the node; kept branch-light because it is the hottest
-        function of a cycle (the rules are those of :meth:`GPUState.lend`, :meth:`GPUState.bindable`
-        and :meth:`GPUState.reclaimable`, inlined).
-        """
+        """Recompute the node's class and preemption key (:func:`spotgpu.scheduler.rules.summarize`)
+        and move it in the indexes. Called after every change on the node."""
         ns.version += 1
         node = ns.node
         cls: NodeClass | None = None
         pkey: PreemptKey | None = None
         if node.schedulable:
             lending = node.lending
-            free = spot_u = spot_l = zero = avail = top = 0
-            partials: list[int] = []
-            idle_in_shadow: list[ShadowState] | None = None
-            for g in ns.gpus:
-                if not g.healthy or g.nominee is not None:
-                    continue
-                users = g.users
-                owner = g.owner
-                shadow = g.shadow
-                if owner is None:
-                    lend = Lend.NEW_SHADOW
-                    if not users:
-                        free += 1
-                elif shadow is not None:
-                    lend = Lend.NO if shadow.deleting or shadow.nominated else Lend.SHADOW
-                else:
-                    holder = g.holder
-                    lend = Lend.LENT if lending and (holder is None or not holder.tentative) else Lend.NO
-                if lend and g.twin_ok:
-                    if not users:
-                        if lend is Lend.LENT:
-                            spot_l += 1
-                        else:
-                            spot_u += 1
-                    elif not g.exclusive and g.used_milli < GPU_MILLI:
-                        partials.append(GPU_MILLI - g.used_milli)
-                if owner is None or (shadow is not None and not shadow.new):
-                    avail += 1
-                    if g.live == 0:
-                        if shadow is None or shadow.deleting:
-                            zero += 1
-                        elif idle_in_shadow is None:
-                            idle_in_shadow = [shadow]
-                        else:
-                            idle_in_shadow.append(shadow)
-                    else:
-                        for u in users:
-                            if not u.evicting and u.job.priority > top:
-                                top = u.job.priority
-            if idle_in_shadow is not None:
-                # Freed only with the whole ShadowPod: zero cost only if none of its GPUs has a live user.
-                zero += sum(1 for sh in idle_in_shadow if not sh.live_users())
-            partials.sort()
+            free, spot_u, spot_l, partials, lent_partials, leases, top, zero, avail = rules.summarize(
+                ns.gpus, lending, node.strategy is NodeStrategy.AUTO
+            )
             key = (
                 node.resource,
                 node.pool,
@@ -687,7 +464,9 @@ class ClusterState:
                 free,
                 spot_u,
                 spot_l,
-                tuple(partials),
+                partials,
+                lent_partials,
+                leases,
             )
             cls = self._interned.get(key)
             if cls is None:
@@ -695,14 +474,20 @@ class ClusterState:
             if avail:
                 pkey = PreemptKey(top, -zero, -avail, node.resource, node.pool)
         if cls is not ns.cls:
-            if ns.cls is not None:
-                del self.classes[ns.cls][ns]
+            old = ns.cls
+            auto = node.strategy is NodeStrategy.AUTO
+            if old is not None:
+                del self.classes[old][ns]
+                if auto and old.auto_lent:
+                    self.auto_lent_nodes -= 1
             if cls is not None:
                 bucket = self.classes.get(cls)
                 if bucket is None:
                     bucket = self.classes[cls] = {}
                     self.class_list.append(cls)
                 bucket[ns] = None
+                if auto and cls.auto_lent:
+                    self.auto_lent_nodes += 1
             ns.cls = cls
         if pkey != ns.pkey:
             if ns.pkey is not None:

@@ -1,4 +1,4 @@
-"""Fluent builders for scheduler snapshots, and a reference applier of cycle decisions.
+"""Fluent builders for scheduler snapshots (and, re-exported, the model-level applier).
 
 No I/O. For tests, the simulator and the Kubernetes loop's tests, in the style of
 kube-scheduler's ``MakePod().Name("p").Node("n").Obj()``::
@@ -11,9 +11,10 @@ kube-scheduler's ``MakePod().Name("p").Node("n").Obj()``::
 Defaults: namespace ``default``, 8 GPUs per node named ``GPU-<node>-<i>`` (:func:`gpu_id`), PodGroups
 in queue ``default`` with phase Inqueue (already admitted), pods requesting one ``nvidia.com/gpu``.
 
-:func:`apply_result` applies a :class:`CycleResult` to a snapshot the way a cluster would once
-every decision has taken effect (binds placed, ShadowPods created, victims gone or evicting,
-nominations recorded), so tests can run several cycles in a row.
+:func:`apply_result` (re-exported from :mod:`spotgpu.scheduler.apply`, the model-level applier)
+applies a :class:`CycleResult` to a snapshot the way a cluster would once every decision has
+taken effect (binds placed, ShadowPods created, victims gone or evicting, nominations recorded),
+so tests can run several cycles in a row.
 """
 
 from __future__ import annotations
@@ -24,19 +25,18 @@ from collections.abc import Iterable, Sequence
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, DeviceID, NodeName, ResourceName
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health, NodeStrategy, QueueType, SpotPriority
+from spotgpu.scheduler.apply import apply_result
 from spotgpu.scheduler.model import (
     DEFAULT_CONTAINER,
     GPU,
-    CycleResult,
     GPURequest,
+    IdleForecast,
     Node,
     Nomination,
     Pod,
     PodGroup,
     PodGroupPhase,
     Queue,
-    ShadowPod,
-    Snapshot,
 )
 
 DEFAULT_NAMESPACE = "default"
@@ -60,6 +60,7 @@ class MakeNode:
         self._strategy = NodeStrategy.IDLE
         self._schedulable = True
         self._pool = ""
+        self._forecast: dict[DeviceID, IdleForecast] = {}
 
     def gpus(self, n: int) -> MakeNode:
         self._gpus = [GPU(gpu_id(self._name, i)) for i in range(n)]
@@ -100,6 +101,15 @@ class MakeNode:
         self._gpus[index] = dataclasses.replace(self._gpus[index], twin=health)
         return self
 
+    def forecast(self, indexes: Iterable[int], p20: int, expected: int | None = None) -> MakeNode:
+        """The agent forecasts the owner of GPUs ``indexes`` to stay idle ``p20`` s (conservatively)."""
+        for i in indexes:
+            self._forecast[self._gpus[i].id] = IdleForecast(expected if expected is not None else p20, p20)
+        return self
+
+    def auto(self) -> MakeNode:
+        return self.strategy(NodeStrategy.AUTO)
+
     def broken(self, index: int) -> MakeNode:
         """The real GPU ``index`` is unhealthy."""
         self._gpus[index] = dataclasses.replace(self._gpus[index], health=Health.UNHEALTHY)
@@ -114,6 +124,7 @@ class MakeNode:
             self._strategy,
             self._schedulable,
             self._pool,
+            dict(self._forecast),
         )
 
 
@@ -150,6 +161,8 @@ class MakePodGroup:
         self._phase = PodGroupPhase.INQUEUE
         self._created = 0.0
         self._pool: str | None = None
+        self._min_lease = 0.0
+        self._checkpoint = 0.0
 
     def queue(self, queue: str) -> MakePodGroup:
         self._queue = queue
@@ -179,9 +192,26 @@ class MakePodGroup:
         self._pool = pool
         return self
 
+    def min_lease(self, seconds: float) -> MakePodGroup:
+        self._min_lease = seconds
+        return self
+
+    def checkpoint_interval(self, seconds: float) -> MakePodGroup:
+        self._checkpoint = seconds
+        return self
+
     def obj(self) -> PodGroup:
         return PodGroup(
-            self._ref, self._queue, self._min, self._priority, self._spot, self._phase, self._created, self._pool
+            self._ref,
+            self._queue,
+            self._min,
+            self._priority,
+            self._spot,
+            self._phase,
+            self._created,
+            self._pool,
+            self._min_lease,
+            self._checkpoint,
         )
 
 
@@ -258,72 +288,6 @@ class MakePod:
             self._nominated,
             self._created,
         )
-
-
-def apply_result(snapshot: Snapshot, result: CycleResult, now: float, *, evicted: str = "gone") -> Snapshot:
-    """The snapshot after every decision of ``result`` took effect.
-
-    ``evicted="gone"`` removes evicted pods and deleted ShadowPods (their GPUs become free);
-    ``evicted="evicting"`` keeps them, marked as being evicted / deleted (the in-between state).
-    Reserved binds make the pod's container the GPUs' owner (twins Unhealthy: the owner is
-    starting). Nominations are recorded on the pods.
-    """
-    if evicted not in ("gone", "evicting"):
-        raise ValueError(f"evicted must be 'gone' or 'evicting', got {evicted!r}")
-    gone = evicted == "gone"
-    pods = {p.ref: p for p in snapshot.pods}
-    owners: dict[DeviceID, ContainerRef | None] = {}
-    twins: dict[DeviceID, Health] = {}
-    shadows = {s.ref: s for s in snapshot.shadows}
-    for ev in result.evictions:
-        pod = pods[ev.pod]
-        if gone:
-            del pods[ev.pod]
-            if not pod.request.is_spot:
-                owners.update(dict.fromkeys(pod.devices))
-        else:
-            pods[ev.pod] = dataclasses.replace(pod, evicting=True)
-    for deletion in result.shadow_deletions:
-        if gone:
-            owners.update(dict.fromkeys(shadows.pop(deletion.pod).devices))
-        else:
-            shadows[deletion.pod] = dataclasses.replace(shadows[deletion.pod], deleting=True)
-    for clear in result.cleared_nominations:
-        if clear.pod in pods:
-            pods[clear.pod] = dataclasses.replace(pods[clear.pod], nominated=None)
-    for nom in result.nominations:
-        pods[nom.pod] = dataclasses.replace(pods[nom.pod], nominated=Nomination(nom.node, nom.devices))
-    for create in result.shadow_creations:
-        shadows[create.pod] = ShadowPod(
-            create.pod, create.node, create.devices, create.container, create.group, created_at=now
-        )
-        owners.update(dict.fromkeys(create.devices, create.container_ref))
-    for bind in result.binds:
-        pod = pods[bind.pod]
-        pods[bind.pod] = dataclasses.replace(pod, node=bind.node, devices=bind.devices, start_time=now, nominated=None)
-        if not bind.spot:
-            owners.update(dict.fromkeys(bind.devices, pod.container_ref))
-            twins.update(dict.fromkeys(bind.devices, Health.UNHEALTHY))
-    groups = {g.ref: g for g in snapshot.groups}
-    for status in result.statuses:
-        groups[status.group] = dataclasses.replace(groups[status.group], phase=status.phase)
-    nodes = []
-    for node in snapshot.nodes:
-        if any(g.id in owners or g.id in twins for g in node.gpus):
-            gpus = tuple(
-                dataclasses.replace(g, owner=owners.get(g.id, g.owner), twin=twins.get(g.id, g.twin)) for g in node.gpus
-            )
-            nodes.append(dataclasses.replace(node, gpus=gpus))
-        else:
-            nodes.append(node)
-    return Snapshot(
-        tuple(nodes),
-        snapshot.queues,
-        tuple(groups.values()),
-        tuple(pods.values()),
-        tuple(shadows.values()),
-        snapshot.victim_scale,
-    )
 
 
 __all__ = [

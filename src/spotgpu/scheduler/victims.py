@@ -34,8 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from spotgpu.scheduler.framework import Session, Statement
+from spotgpu.scheduler.session import Session
 from spotgpu.scheduler.state import GPUState, JobState, NodeState, ShadowState, TaskState
+from spotgpu.scheduler.statement import Statement
 
 
 @dataclass(slots=True)
@@ -404,7 +405,8 @@ def preempt_gang(session: Session, job: JobState) -> GangPreemption:
     for i, task in enumerate(pending):
         if len(nominated) >= need:
             break
-        problem = session.admit_problem(task)
+        admit = session.admit_status(task)
+        problem = None if admit.ok else admit.reason
         if problem is None:
             plan = plan_task(session, task, cache)
             if isinstance(plan, str):

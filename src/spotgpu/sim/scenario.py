@@ -68,6 +68,7 @@ class PolicySpec:
     lending: bool = True
     max_inactive_time: Seconds = defaults.MAX_INACTIVE_TIME_S
     strategy: NodeStrategy = NodeStrategy.LOWPOWER
+    """Every node's strategy: ``lowpower``, ``idle`` or ``auto`` (docs/scheduler.md, "Strategies")."""
     guard: bool = True
     """Return detection by the guard (event); false: by the detector's polling only."""
     recommended: bool = False

@@ -42,10 +42,11 @@ default) a cycle's snapshot holds only the nodes that can take part in its decis
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -56,6 +57,7 @@ from spotgpu.core.lending import Action, Actions, Evict, Lent, Persist
 from spotgpu.core.mapping_cache import IDLE_SPACE, DeviceEntry, MappingSnapshot, Owner, OwnerEntry
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import GPU_MILLI, EvictionReason, Health, QueueType
+from spotgpu.scheduler.apply import ApplyError, ModelApplier
 from spotgpu.scheduler.config import SchedulerConfig
 from spotgpu.scheduler.model import (
     GPU,
@@ -63,6 +65,7 @@ from spotgpu.scheduler.model import (
     CreateShadowPod,
     CycleResult,
     GPURequest,
+    IdleForecast,
     Node,
     Nomination,
     Pod,
@@ -80,6 +83,7 @@ from spotgpu.sim.lending import OwnerAgent, policy_rules
 from spotgpu.sim.metrics import Metrics, summarize
 from spotgpu.sim.model import Category, GpuSim, JobPhase, JobSim, NodeSim, OwnerSim, PodSim, ShadowSim
 from spotgpu.sim.scenario import PolicySpec, Scenario, Workload
+from spotgpu.sim.schedview import node_summary, node_views
 
 OWNER_NAMESPACE: Final = "owners"
 SPOT_QUEUE: Final = "spot"
@@ -89,11 +93,6 @@ PROGRESS_STEPS: Final = 200
 
 SchedulerFn = Callable[[Snapshot, SchedulerConfig, float], CycleResult]
 EvictionPlanner = Callable[[MappingSnapshot, ContainerRef, Sequence[DeviceID], float], EvictionPlan]
-
-
-def _priority_value(pod: PodSim) -> int:
-    priority = pod.job.spec.priority
-    return priority.value_int if priority is not None else 0
 
 
 def real_scheduler(snapshot: Snapshot, config: SchedulerConfig, now: float) -> CycleResult:
@@ -836,61 +835,37 @@ class Simulation:
         return node.health
 
     def _rebuild_node(self, node: NodeSim) -> None:
-        """Refresh a changed node: twin health (the agent's rule), its scheduler object, its indexes."""
+        """Refresh a changed node: twin health (the agent's rule), its scheduler object, and its
+        indexes from the scheduler's own per-node summary (:mod:`spotgpu.sim.schedview`)."""
         health = self._twin_health(node)
         nominated = self.nominated
-        # The scheduler's ShadowPod rules: a ShadowPod is released whole, so its GPUs are free
-        # without victims only if none has a live user, and no spot work joins a ShadowPod that
-        # is being deleted or has a GPU nominated for a preemptor (draining).
-        busy: set[ShadowSim] = set()
-        closed: set[ShadowSim] = set()
-        for gpu in node.gpus:
-            shadow = gpu.shadow
-            if shadow is not None:
-                if any(not u.evicting for u in gpu.users):
-                    busy.add(shadow)
-                if shadow.deleting or gpu.id in nominated:
-                    closed.add(shadow)
+        views = node_views(node, health, nominated)
+        summary = node_summary(views, self.lending)
         objs = []
         kind = []
-        free_twins = unallocated = 0
-        free_real = False
-        top = zero = avail = 0
-        for gpu in node.gpus:
+        for gpu, view in zip(node.gpus, views, strict=True):
             twin = health[gpu.id]
             obj = gpu.cached
             if obj is None or obj.owner != gpu.owner or obj.twin is not twin:
                 obj = gpu.cached = GPU(gpu.id, owner=gpu.owner, twin=twin)
             objs.append(obj)
-            healthy = twin is Health.HEALTHY
-            users = gpu.users
             held = gpu.owner is not None
-            shadow = gpu.shadow
-            marked = gpu.id in nominated
-            draining = shadow is not None and shadow in closed
-            if healthy and not users and not marked and not draining:
-                free_twins += 1
-            if not held or shadow is not None:
-                unallocated += 1
-                avail += 1
-                live = [u for u in users if not u.evicting]
-                if live:
-                    top = max(top, *(_priority_value(u) for u in live))
-                elif shadow is None or shadow.deleting or shadow not in busy:
-                    zero += 1
-                if not held and not users and not marked:
-                    free_real = True
-            holder = 0 if not held else 1 if shadow is not None else 2 if gpu.owner_sim is not None else 3
-            kind.append((holder, healthy, marked, draining, bool(users), sum(u.request.milli for u in users)))
+            holder = 0 if not held else 1 if gpu.shadow is not None else 2 if gpu.owner_sim is not None else 3
+            shadow = view.shadow
+            draining = shadow is not None and bool(shadow.deleting or shadow.nominated)
+            users = gpu.users
+            kind.append(
+                (holder, view.twin_ok, gpu.id in nominated, draining, bool(users), sum(u.request.milli for u in users))
+            )
         node.cached = Node(node.name, tuple(objs), lending=self.lending, strategy=self.policy.strategy)
-        node.free_twins = free_twins
-        node.unallocated = unallocated
+        node.free_twins = summary.spot_unallocated + summary.spot_lent
+        node.unallocated = summary.available
         kind.sort()
         node.kind = tuple(kind)
-        node.preempt_key = (top, -zero, -avail)
-        (self.spot_room.add if free_twins else self.spot_room.discard)(node)
-        (self.unalloc_nodes.add if unallocated else self.unalloc_nodes.discard)(node)
-        (self.real_room.add if free_real else self.real_room.discard)(node)
+        node.preempt_key = (summary.top_priority, -summary.zero_cost, -summary.available)
+        (self.spot_room.add if node.free_twins else self.spot_room.discard)(node)
+        (self.unalloc_nodes.add if node.unallocated else self.unalloc_nodes.discard)(node)
+        (self.real_room.add if summary.free else self.real_room.discard)(node)
 
     def _pod_obj(self, pod: PodSim) -> Pod:
         if pod.cached is None:
@@ -920,6 +895,7 @@ class Simulation:
                 spot_priority=spec.priority,
                 phase=job.pod_phase,
                 created_at=job.arrival,
+                checkpoint_interval=self.scenario.checkpoint_interval if job.spot else 0.0,
             )
         return job.cached_group
 
@@ -987,6 +963,10 @@ class Simulation:
                         chosen.add(self.nodes_by_name[pod.nominated.node])
             chosen.update(s.node for s in gc_due)
             nodes = self._closure(chosen)
+        return self._snapshot_of(nodes, jobs, now)
+
+    def _snapshot_of(self, nodes: list[NodeSim], jobs: list[JobSim], now: float) -> Snapshot:
+        """The snapshot of ``nodes`` (with every pod and ShadowPod on them) and pending ``jobs``."""
         # Keyed by the model's objects (identity hashing); every order below is deterministic:
         # nodes by index, their GPUs in order, pending jobs in submission order.
         pods: dict[PodSim, Pod] = {}
@@ -995,7 +975,8 @@ class Simulation:
         node_objs = []
         for node in nodes:
             assert node.cached is not None
-            node_objs.append(node.cached)
+            forecast = self.node_idle_forecast(node, now)
+            node_objs.append(dataclasses.replace(node.cached, idle_forecast=forecast) if forecast else node.cached)
             for gpu in node.gpus:
                 held = gpu.reserved_pod
                 if held is not None and held not in pods:
@@ -1026,6 +1007,20 @@ class Simulation:
             tuple(shadows.values()),
             scale,
         )
+
+    def node_idle_forecast(self, node: NodeSim, now: float) -> Mapping[DeviceID, IdleForecast]:
+        """Hook: the agent's idle forecast for ``node``'s lent GPUs at ``now`` (real device ID ->
+        :class:`~spotgpu.scheduler.model.IdleForecast`), what ``spotgpu.io/idle-forecast`` carries
+        in a cluster. Empty for now: every lent GPU's forecast is unknown, so spot gangs with a
+        ``min_lease`` use only unallocated GPUs and placement is as without forecasts.
+
+        The lending model fills it per GPU. Forecasts change with time, so they are attached to the
+        node objects per snapshot, not cached; once they are not empty, the node kinds of
+        :meth:`_first_per_kind` must include the forecast buckets (:mod:`spotgpu.scheduler.lease`)
+        for trimmed snapshots to stay exact.
+        """
+        del node, now
+        return {}
 
     def _spot_candidates(self, pending: list[JobSim]) -> list[JobSim]:
         """Pending spot gangs that a cycle could place now.
@@ -1109,7 +1104,7 @@ class Simulation:
             t2 = clock()
             self.profile["scheduler_s"] += t2 - t1
             self.metrics.cycles += 1
-            self._apply(result)
+            self._apply(result, snapshot)
             self.profile["apply_s"] += clock() - t2
         # A ShadowPod without users that is not old enough yet gets its cycle when it is.
         grace = self.scenario.scheduler.shadow_gc_grace
@@ -1118,12 +1113,22 @@ class Simulation:
             self._want_cycle(min(later), force=True)
 
     # --- applying decisions ---------------------------------------------------------------
-    def _apply(self, result: CycleResult) -> None:
+    def _apply(self, result: CycleResult, snapshot: Snapshot) -> None:
+        """Act out a cycle's decisions in the model, with their latencies.
+
+        First the model-level applier (:class:`spotgpu.scheduler.apply.ModelApplier`, the one
+        statement of what each decision does) checks them against the snapshot they were made
+        from: a decision naming a pod, device or PodGroup the snapshot does not have fails the run.
+        What it does not judge (double booking, twin health, evicting reserved work) the
+        invariant checker catches as the model changes.
+        """
         now = self.engine.now
+        try:
+            ModelApplier(snapshot, now, evicted="evicting").apply(result)
+        except ApplyError as exc:
+            raise self.checker.fail(now, str(exc)) from None
         for evict in result.evictions:
-            pod = self.pods.get(evict.pod)
-            if pod is None:
-                raise self.checker.fail(now, f"the scheduler evicted unknown pod {evict.pod}")
+            pod = self.pods[evict.pod]
             self.checker.evict_allowed(now, pod)
             if not pod.evicting:
                 self._evict_job(pod.job, evict.reason)
@@ -1137,9 +1142,9 @@ class Simulation:
             self.idle_shadows.pop(shadow.ref, None)
             self.engine.at(now + self.lat.shadow_release, ShadowGone(shadow.ref), Priority.CONTROLLER)
         for clear in result.cleared_nominations:
-            pod = self.pods.get(clear.pod)
-            if pod is not None and pod.nominated is not None:
-                self._clear_nomination(pod)
+            cleared = self.pods.get(clear.pod)  # an evicted pod may be gone
+            if cleared is not None and cleared.nominated is not None:
+                self._clear_nomination(cleared)
         for nominate in result.nominations:
             pod = self.pods[nominate.pod]
             if pod.nominated is not None:
@@ -1159,9 +1164,7 @@ class Simulation:
             if job.phase is JobPhase.PENDING and job.placed():
                 self._job_bound(job)
         for status in result.statuses:
-            target = self.job_by_group.get(status.group)
-            if target is None:
-                raise self.checker.fail(now, f"status for unknown PodGroup {status.group}")
+            target = self.job_by_group[status.group]
             if target.pod_phase is not status.phase:
                 target.pod_phase = status.phase
                 target.cached_group = None
@@ -1176,14 +1179,13 @@ class Simulation:
         pod.cached = None
 
     def _create_shadow(self, create: CreateShadowPod) -> None:
+        """Create a ShadowPod (its devices are on its node: the model-level applier checked)."""
         now = self.engine.now
         node = self.nodes_by_name[create.node]
         by_id = {g.id: g for g in node.gpus}
         gpus = []
         for device in create.devices:
-            gpu = by_id.get(device)
-            if gpu is None:
-                raise self.checker.fail(now, f"ShadowPod {create.pod} names device {device}, not on {create.node}")
+            gpu = by_id[device]
             self.checker.real_alloc(now, gpu, f"ShadowPod {create.pod}")
             gpus.append(gpu)
         shadow = ShadowSim(create.pod, node, gpus, create.group, now)
@@ -1195,26 +1197,15 @@ class Simulation:
         self.dirty.add(node)
 
     def _bind(self, bind: Bind) -> JobSim:
+        """Bind (checked by the model-level applier: a pending pod, devices on the node, device owners)."""
         now = self.engine.now
-        pod = self.pods.get(bind.pod)
-        if pod is None or pod.node is not None:
-            raise self.checker.fail(now, f"bind of {bind.pod}, which is not a pending pod")
+        pod = self.pods[bind.pod]
         node = self.nodes_by_name[bind.node]
         by_id = {g.id: g for g in node.gpus}
-        gpus = []
-        for device in bind.devices:
-            gpu = by_id.get(device)
-            if gpu is None:
-                raise self.checker.fail(now, f"bind of {bind.pod} to device {device}, not on {bind.node}")
-            gpus.append(gpu)
+        gpus = [by_id[device] for device in bind.devices]
         if bind.spot:
-            owners = bind.owner_map()
             for gpu in gpus:
                 self.checker.spot_bind(now, pod, gpu, bind.milli)
-                if owners.get(gpu.id) != gpu.owner:
-                    raise self.checker.fail(
-                        now, f"bind of {bind.pod}: device owner {owners.get(gpu.id)} for {gpu.id}, held by {gpu.owner}"
-                    )
                 gpu.users.append(pod)
                 if gpu.shadow is not None:
                     self.idle_shadows.pop(gpu.shadow.ref, None)

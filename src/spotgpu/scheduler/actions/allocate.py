@@ -8,8 +8,9 @@ after every gang;
 within a queue, gangs in the job plugins' order (priority, nominations, age). For a gang that
 lacks ``need = min_member - placed`` pods, pending pods are placed one by one in a statement;
 when ``need`` are placed and the gang is ready the statement commits (binds, ShadowPods, phase
-Running), otherwise it is discarded and the gang gets a reason and goes to preemption.
-Members beyond ``min_member`` are left to backfill.
+Running), otherwise it is discarded and the gang gets a reason with a status code and, unless
+that code says freed capacity cannot help (UnschedulableAndUnresolvable, Error), goes to
+preemption. Members beyond ``min_member`` are left to backfill.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ from typing import Final
 
 from spotgpu.scheduler.actions.preempt import NAME as PREEMPT
 from spotgpu.scheduler.actions.preempt import preempt_failed
-from spotgpu.scheduler.framework import ACTIONS, Session, SortKey, Statement
+from spotgpu.scheduler.framework import ACTIONS, SortKey
 from spotgpu.scheduler.model import PodGroupPhase
+from spotgpu.scheduler.session import Session
 from spotgpu.scheduler.state import JobState, QueueState, TaskShape
+from spotgpu.scheduler.statement import Statement
+from spotgpu.scheduler.status import Code, Status, combine
 
 NAME: Final = "allocate"
 
@@ -33,7 +37,10 @@ def wants_allocation(session: Session, job: JobState) -> bool:
 
 
 def place_gang(session: Session, job: JobState) -> bool:
-    """Try to make ``job`` ready; commit or discard. Returns whether it was placed."""
+    """Try to make ``job`` ready; commit or discard. Returns whether it was placed.
+
+    A gang that does not fit gets a reason listing every distinct cause and the code
+    :func:`~spotgpu.scheduler.status.combine` makes of theirs."""
     session.considered.add(job.ref)
     need = job.group.min_member - job.ready
     pending = job.pending()
@@ -41,42 +48,46 @@ def place_gang(session: Session, job: JobState) -> bool:
         session.mark_unschedulable(
             job,
             f"gang needs {need} more pods to reach min_member {job.group.min_member} but has {len(pending)} pending",
+            Code.WAIT,
         )
         return False
     stmt = Statement(session)
     placed = 0
-    problems: list[str] = []
+    problems: list[Status] = []
     failed: set[TaskShape] = set()
     for i, task in enumerate(pending):
         if placed >= need:
             break
-        problem = session.admit_problem(task)
-        if problem is None and task.nomination is None and task.shape in failed:
+        status = session.admit_status(task)
+        if status.ok and task.nomination is None and task.shape in failed:
             continue
-        if problem is None:
+        if status.ok:
             found = session.find_node(task)
-            if isinstance(found, str):
-                problem = found
+            if isinstance(found, Status):
+                status = found
                 failed.add(task.shape)
             else:
-                stmt.place(task, found)
-                placed += 1
-                continue
-        if problem not in problems:
-            problems.append(problem)
+                status = stmt.place(task, found)
+                if status.ok:
+                    placed += 1
+                    continue
+        if all(p.reason != status.reason for p in problems):
+            problems.append(status)
         if placed + len(pending) - i - 1 < need:
             break
     if placed >= need and session.job_ready(job):
         stmt.commit()
         session.gangs_placed += 1
-        session.unschedulable.pop(job.ref, None)
+        session.clear_unschedulable(job)
         if job.phase is not PodGroupPhase.RUNNING:
             session.set_status(job, PodGroupPhase.RUNNING, "Scheduled", f"{job.ready} pods placed")
         return True
     stmt.discard()
     session.mark_unschedulable(
         job,
-        f"{placed} of {need} pods needed for min_member {job.group.min_member} fit: " + "; ".join(problems),
+        f"{placed} of {need} pods needed for min_member {job.group.min_member} fit: "
+        + "; ".join(p.reason for p in problems),
+        combine([p.code for p in problems]) if problems else Code.UNSCHEDULABLE,
     )
     return False
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from typing import Final
 
-from spotgpu.scheduler.framework import ACTIONS, Session, Statement
+from spotgpu.scheduler.framework import ACTIONS
+from spotgpu.scheduler.session import Session
 from spotgpu.scheduler.state import TaskShape
+from spotgpu.scheduler.statement import Statement
+from spotgpu.scheduler.status import Status
 
 NAME: Final = "backfill"
 
@@ -26,15 +29,15 @@ class BackfillAction:
         for job in session.sorted_jobs(ready):
             failed: set[TaskShape] = set()
             for task in job.pending():
-                if task.shape in failed or session.admit_problem(task) is not None:
+                if task.shape in failed or not session.admit_status(task).ok:
                     continue
                 found = session.find_node(task)
-                if isinstance(found, str):
+                if isinstance(found, Status):
                     failed.add(task.shape)
                     continue
                 stmt = Statement(session)
-                stmt.place(task, found)
-                stmt.commit()
+                if stmt.place(task, found).ok:
+                    stmt.commit()
 
 
 ACTIONS.register(NAME, BackfillAction)

@@ -1,7 +1,7 @@
 """Gang plugin: all or nothing, by ``min_member``.
 
 Pure decision code; no side effects. A Pending gang is admitted only when at least
-``min_member`` of its pods exist; a gang is ready (its statement may commit) only when at least
+``min_member`` of its pods exist (until then: Wait); a gang is ready (its statement may commit) only when at least
 ``min_member`` of its pods are placed and not being evicted. A gang with pods still being evicted
 is not admitted again until they are gone (an evicted gang is torn down and requeued whole).
 Gangs that already wait on a nomination go first among equals, so GPUs freed for them are used
@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from spotgpu.scheduler.framework import PLUGINS, Session, SortKey
+from spotgpu.scheduler.framework import PLUGINS, SortKey
+from spotgpu.scheduler.session import Session
 from spotgpu.scheduler.state import JobState
+from spotgpu.scheduler.status import OK, Status
 
 NAME: Final = "gang"
 
@@ -22,14 +24,14 @@ class GangPlugin:
     def __init__(self, session: Session) -> None:
         del session
 
-    def enqueue_problem(self, job: JobState) -> str | None:
+    def enqueue_status(self, job: JobState) -> Status:
         have, want = len(job.tasks), job.group.min_member
         if have < want:
-            return f"gang has {have} of min_member {want} pods; waiting for the rest to be created"
+            return Status.wait(f"gang has {have} of min_member {want} pods; waiting for the rest to be created")
         evicting = sum(1 for t in job.tasks if t.evicting)
         if evicting:
-            return f"{evicting} of its pods are still being evicted; waiting for the gang to be torn down"
-        return None
+            return Status.wait(f"{evicting} of its pods are still being evicted; waiting for the gang to be torn down")
+        return OK
 
     def job_ready(self, job: JobState) -> bool:
         return job.ready >= job.group.min_member

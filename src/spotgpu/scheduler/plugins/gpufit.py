@@ -24,8 +24,10 @@ from typing import Final
 
 from spotgpu.core.types import GPU_MILLI
 from spotgpu.scheduler.config import NodeOrder
-from spotgpu.scheduler.framework import PLUGINS, Session
+from spotgpu.scheduler.framework import PLUGINS
+from spotgpu.scheduler.session import Session
 from spotgpu.scheduler.state import GPUState, NodeClass, NodeState, TaskKind, TaskShape, TaskState
+from spotgpu.scheduler.status import OK, Status
 
 NAME: Final = "gpufit"
 
@@ -43,15 +45,16 @@ class GPUFitPlugin:
         self._frag: dict[tuple[TaskKind, int], list[float]] = {}
 
     # -- filter -----------------------------------------------------------------------------
-    def class_problem(self, shape: TaskShape, cls: NodeClass) -> str | None:
+    def class_status(self, shape: TaskShape, cls: NodeClass) -> Status:
         if shape.pool is not None and cls.pool != shape.pool:
-            return f"not in pool {shape.pool!r}"
+            return Status.unresolvable(f"not in pool {shape.pool!r}")
         if shape.kind is TaskKind.RESERVED:
             if cls.resource != shape.resource:
-                return f"have {cls.resource}, not {shape.resource}"
+                return Status.unresolvable(f"have {cls.resource}, not {shape.resource}")
             if cls.free < shape.gpus:
-                return f"have fewer than {shape.gpus} free {shape.resource}"
-        return None
+                reason = f"have fewer than {shape.gpus} free {shape.resource}"
+                return Status.unresolvable(reason) if cls.gpus < shape.gpus else Status.unschedulable(reason)
+        return OK
 
     # -- score ------------------------------------------------------------------------------
     def frag_table(self, kind: TaskKind, gpus: int) -> list[float]:
@@ -70,8 +73,8 @@ class GPUFitPlugin:
     def class_score(self, shape: TaskShape, cls: NodeClass) -> float:
         size = max(cls.gpus, 1)
         if shape.kind is TaskKind.SHARED:
-            return self._shared_score(shape.milli, cls, size)
-        c = cls.free if shape.kind is TaskKind.RESERVED else cls.spot_free
+            return self._shared_score(shape, cls, size)
+        c = cls.free if shape.kind is TaskKind.RESERVED else cls.spot_usable(shape)
         k = shape.gpus
         left = max(c - k, 0)
         order = 100.0 * (1 - left / size) if self.binpack else 100.0 * left / size
@@ -82,9 +85,10 @@ class GPUFitPlugin:
         frag = min(100.0, max(0.0, 50.0 * (1 - delta / size)))
         return (order + self.frag_weight * frag) / (1 + self.frag_weight)
 
-    def _shared_score(self, milli: int, cls: NodeClass, size: int) -> float:
+    def _shared_score(self, shape: TaskShape, cls: NodeClass, size: int) -> float:
+        milli = shape.milli
         best = next((p for p in cls.partials if p >= milli), None)
-        fresh = cls.spot_free
+        fresh = cls.spot_usable(shape)
         if self.binpack:
             if best is not None:
                 return 50.0 + 50.0 * (1 - (best - milli) / GPU_MILLI)
@@ -97,7 +101,8 @@ class GPUFitPlugin:
     def handles(self, kind: TaskKind) -> bool:
         return kind is TaskKind.RESERVED
 
-    def pick_devices(self, task: TaskState, node: NodeState) -> list[GPUState] | None:
+    def pick_devices(self, shape: TaskShape, task: TaskState, node: NodeState) -> list[GPUState] | None:
+        del shape  # reserved tasks are tried as they are
         out: list[GPUState] = []
         nom = task.nomination
         if nom is not None and nom[0] is node:

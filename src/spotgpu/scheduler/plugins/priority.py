@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from spotgpu.scheduler.framework import PLUGINS, Session, SortKey
+from spotgpu.scheduler.framework import PLUGINS, SortKey
+from spotgpu.scheduler.session import Session
 from spotgpu.scheduler.state import JobState
 
 NAME: Final = "priority"

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from spotgpu.scheduler.framework import PLUGINS, Session, SortKey
+from spotgpu.scheduler.framework import PLUGINS, SortKey
+from spotgpu.scheduler.session import Session
 from spotgpu.scheduler.state import JobState, QueueState, TaskState
+from spotgpu.scheduler.status import OK, Status
 
 NAME: Final = "queue"
 
@@ -23,27 +25,29 @@ class QueuePlugin:
     def queue_key(self, queue: QueueState) -> SortKey:
         return (queue.allocated_milli / queue.queue.weight,)
 
-    def enqueue_problem(self, job: JobState) -> str | None:
+    def enqueue_status(self, job: JobState) -> Status:
         queue = job.queue
         cap = queue.queue.capacity_milli
         if cap is None:
-            return None
+            return OK
         need = max(0, job.group.min_member - job.ready)
         sizes = sorted(t.request_milli for t in job.pending())[:need]
         want = sum(sizes)
         if queue.allocated_milli + want > cap:
-            return (
+            reason = (
                 f"queue {queue.queue.name!r} is over capacity: {queue.allocated_milli} of {cap} milli in use, "
                 f"the gang needs {want} more"
             )
-        return None
+            return Status.unresolvable(reason) if want > cap else Status.unschedulable(reason)
+        return OK
 
-    def admit_problem(self, task: TaskState) -> str | None:
+    def admit_status(self, task: TaskState) -> Status:
         queue = task.job.queue
         cap = queue.queue.capacity_milli
         if cap is not None and queue.allocated_milli + task.request_milli > cap:
-            return f"queue {queue.queue.name!r} capacity {cap} milli reached ({queue.allocated_milli} in use)"
-        return None
+            reason = f"queue {queue.queue.name!r} capacity {cap} milli reached ({queue.allocated_milli} in use)"
+            return Status.unresolvable(reason) if task.request_milli > cap else Status.unschedulable(reason)
+        return OK
 
 
 PLUGINS.register(NAME, QueuePlugin)
