@@ -69,6 +69,7 @@ from spotgpu.e2e.client import build_client
 from spotgpu.guard.rule import listener_ready
 from spotgpu.runtime.config import load_runtime_config
 from spotgpu.runtime.shim import install_shim
+from spotgpu.testing.cgroups import remove_cgroup_tree
 from spotgpu.testing.containerd import Containerd, make_rootfs
 from spotgpu.testing.kubeapi import KubeApiServer
 from spotgpu.testing.kubelet import (
@@ -733,20 +734,6 @@ class Node:
         self.vendor.stop()
         self.vendor.start()
         self.vendor.register()
-
-
-def remove_cgroup_tree(name: str, root: Path = Path("/sys/fs/cgroup")) -> None:
-    """Remove the (empty) cgroup directories ``/<name>/...`` in every hierarchy: runc removes each
-    container's own cgroup; the kubelet-style pod directories above them are the caller's."""
-    tops = [root / name, *(d / name for d in root.iterdir() if d.is_dir() and not d.is_symlink())]
-    for top in tops:
-        if not top.is_dir():
-            continue
-        for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-            with contextlib.suppress(OSError):
-                directory.rmdir()
-        with contextlib.suppress(OSError):
-            top.rmdir()
 
 
 def _device_specs(answer: dp.ContainerAllocateResponse) -> list[tuple[str, str]]:

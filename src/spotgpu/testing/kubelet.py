@@ -527,7 +527,9 @@ class VendorPluginDouble(_Server):
 
     ``Allocate`` answers each container request with ``NVIDIA_VISIBLE_DEVICES`` (or
     ``env_name``) listing the IDs, one ``DeviceSpec`` per device (``rw``), the extra ``mounts``,
-    and ``annotations``; an unknown ID fails the call with NVIDIA's message. ``register`` sends
+    and ``annotations``; an unknown ID fails the call with NVIDIA's message. ``cdi_devices`` adds
+    each device's CDI name (``nvidia.com/gpu=<id>``); ``cdi_only`` answers with the CDI names
+    alone (NVIDIA's plugin with ``DEVICE_LIST_STRATEGY=cdi-cri``). ``register`` sends
     a registration to the kubelet double, as a real plugin does.
     """
 
@@ -541,6 +543,8 @@ class VendorPluginDouble(_Server):
         env_name: str = "NVIDIA_VISIBLE_DEVICES",
         mounts: Sequence[tuple[str, str, bool]] = (),
         annotations: Mapping[str, str] | None = None,
+        cdi_devices: bool = False,
+        cdi_only: bool = False,
     ) -> None:
         domain, _, short = resource.partition("/")
         name = socket_name or f"{domain.partition('.')[0]}-{short}.sock"
@@ -551,6 +555,8 @@ class VendorPluginDouble(_Server):
         self.env_name = env_name
         self.mounts = list(mounts)
         self.annotations = dict(annotations or {})
+        self.cdi_devices = cdi_devices or cdi_only
+        self.cdi_only = cdi_only
         self.allocate_calls: list[list[list[str]]] = []
         self._lock = threading.Lock()
 
@@ -570,11 +576,19 @@ class VendorPluginDouble(_Server):
                 timeout=10,
             )
 
+    def cdi_name(self, device_id: str) -> str:
+        """The fully qualified CDI name of a device (``<vendor>/<class>=<id>``, the resource's)."""
+        return f"{self.resource}={device_id}"
+
     def container_response(self, ids: Sequence[str]) -> dp.ContainerAllocateResponse:
         unknown = [i for i in ids if i not in self.devices]
         if unknown:
             raise KeyError(f'invalid allocation request for "{self.resource}": unknown device: {unknown[0]}')
+        cdi = [dp.CDIDevice(name=self.cdi_name(i)) for i in ids] if self.cdi_devices else []
+        if self.cdi_only:
+            return dp.ContainerAllocateResponse(cdi_devices=cdi)
         return dp.ContainerAllocateResponse(
+            cdi_devices=cdi,
             envs={self.env_name: ",".join(ids)},
             devices=[
                 dp.DeviceSpec(
