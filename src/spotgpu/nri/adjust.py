@@ -224,8 +224,8 @@ def _rule_key(rule: Any) -> tuple[str, int, int] | None:
     return str(rule["type"]), major, minor
 
 
-def _granted(base: list[Any], rules: list[Any], what: str) -> dict[tuple[str, int, int], str]:
-    """Per device, the access the rules appended after ``base`` grant."""
+def _granted(base: list[Any], rules: list[Any], what: str) -> dict[str, str]:
+    """Per device (``"c 195:0"``), the access the rules appended after ``base`` grant."""
     if rules[: len(base)] != base:
         raise NotExpressible(f"{what}: the device cgroup rules before the chain's were changed; NRI only appends")
     granted: dict[tuple[str, int, int], set[str]] = {}
@@ -234,7 +234,7 @@ def _granted(base: list[Any], rules: list[Any], what: str) -> dict[tuple[str, in
         if key is None:
             raise NotExpressible(f"{what}: cgroup rule {rule} is not an allow rule for one device; NRI cannot place it")
         granted.setdefault(key, set()).update(str(rule.get("access") or "rwm"))
-    return {k: "".join(sorted(v)) for k, v in granted.items()}
+    return {f"{t} {major}:{minor}": "".join(sorted(v)) for (t, major, minor), v in sorted(granted.items())}
 
 
 def view(spec: Mapping[str, Any], base: Mapping[str, Any], *, sorted_mounts: bool, what: str) -> dict[str, Any]:
@@ -330,7 +330,15 @@ def _resources(before: Spec, after: Spec, adjust: nri.ContainerAdjustment) -> No
     old_rules = list(_get(before, ("linux", "resources", "devices"), []) or [])
     new_rules = list(_get(after, ("linux", "resources", "devices"), []) or [])
     _granted(old_rules, new_rules, "output")
+    automatic = [  # the rules NRI adds with the adjusted devices: not sent again
+        {"allow": True, "type": d.type, "major": d.major, "minor": d.minor, "access": access_of(d)}
+        for d in adjust.linux.devices
+        if not d.path.startswith(REMOVE)
+    ]
     for rule in new_rules[len(old_rules) :]:
+        if rule in automatic:
+            automatic.remove(rule)
+            continue
         adjust.linux.resources.devices.append(nri_rule(rule))
     old_cpus = _get(before, ("linux", "resources", "cpu", "cpus"))
     new_cpus = _get(after, ("linux", "resources", "cpu", "cpus"))
