@@ -235,6 +235,8 @@ def request(
     )
     if seccomp is not None:
         container.linux.seccomp_policy.CopyFrom(seccomp)
+    else:
+        container.linux.seccomp_profile.profile_type = nri.SecurityProfile.UNCONFINED
     return pod, container
 
 
@@ -284,6 +286,19 @@ def test_an_unconfined_owner_gets_the_guard_rule_through_nri() -> None:
     seccomp = result["linux"]["seccomp"]
     assert seccomp["listenerPath"] == "/run/test/guard.sock" and result["annotations"][keys.GUARDED] == OWNER.format()
     assert "errnoRet" not in json.dumps(seccomp) and "defaultErrnoRet" not in seccomp
+
+
+def test_an_owner_whose_profile_nri_did_not_send_is_skipped_not_replaced() -> None:
+    """RuntimeDefault without its policy (what containerd 2.2.7 sends): never an allow-all profile."""
+    pod, container = request(OWNER, {})
+    container.linux.seccomp_profile.profile_type = nri.SecurityProfile.RUNTIME_DEFAULT
+    before = spec_of(pod, container)
+    eng = engine(standard_lookup(), guard=FakeGuard())
+    eng.guard = nri_guard_functions(eng.guard)
+    after, _ = eng.modify(before)
+    result = apply_adjustment(before, adjustment_for(before, after))
+    assert "seccomp" not in result["linux"]
+    assert "did not send this container's seccomp policy" in result["annotations"][keys.GUARD_SKIPPED]
 
 
 def test_an_owner_whose_profile_uses_errno_ret_is_skipped_not_failed() -> None:

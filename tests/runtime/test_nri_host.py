@@ -23,6 +23,7 @@ from .fakes import NS, OWNER, SPOT_CTR, FakeGuard, FakeLookup, devices_from, eng
 def request(ref: ContainerRef, **annotations: str) -> tuple[nri.PodSandbox, nri.Container]:
     pod = nri.PodSandbox(id="s" * 64, name=ref.pod, namespace=ref.namespace, uid="u")
     container = nri.Container(id="c" * 64, name=ref.name, annotations=annotations, env=["PATH=/bin"])
+    container.linux.seccomp_profile.profile_type = nri.SecurityProfile.UNCONFINED
     return pod, container
 
 

@@ -24,8 +24,11 @@ Answers, per container:
   and create the container without any adjustment.
 
 Owners whose seccomp profile NRI cannot carry with the guard's rule (an ``errnoRet`` or
-``defaultErrnoRet``, e.g. containerd's RuntimeDefault with ``clone3`` -> ENOSYS) are created
-without the rule and marked ``spotgpu.io/guard-skipped: conflict: ...`` by the chain itself:
+``defaultErrnoRet``, e.g. containerd's RuntimeDefault with ``clone3`` -> ENOSYS), or whose
+profile the runtime did not send at all (containerd 2.2.7 sends none for RuntimeDefault and
+Localhost profiles: composing the rule into "nothing" would replace the real profile with an
+allow-all one), are created without the rule and marked ``spotgpu.io/guard-skipped: conflict:
+...`` by the chain itself:
 :func:`nri_guard_functions` makes the guard's ``apply`` refuse such profiles, and the chain's
 guard-rule modifier turns every refusal into a skip, never into a failed owner.
 """
@@ -44,7 +47,7 @@ from spotgpu.adapters.proto import nri_v1alpha1_pb2 as nri
 from spotgpu.core import keys
 from spotgpu.core.errors import ValidationError
 from spotgpu.nri.adjust import NotExpressible, adjustment_for
-from spotgpu.nri.spec import spec_of
+from spotgpu.nri.spec import FACTS, spec_of
 from spotgpu.nri.transport import FAILED_PRECONDITION, PERMISSION_DENIED, UNAVAILABLE, RpcError
 from spotgpu.runtime import protocol
 from spotgpu.runtime.engine import SpecEngine
@@ -79,6 +82,11 @@ def nri_guard_functions(base: GuardFunctions | None) -> GuardFunctions | None:
         return None
 
     def apply(spec: dict[str, Any], **kwargs: Any) -> None:
+        if (spec.get(FACTS) or {}).get("seccomp") == "unknown":
+            raise NriGuardConflict(
+                "NRI mode cannot install the rule: the runtime did not send this container's seccomp policy "
+                "(its profile is RuntimeDefault or Localhost), and the rule would replace that profile"
+            )
         trial = copy.deepcopy(spec)
         base.apply(trial, **kwargs)
         problem = nri_expressible((trial.get("linux") or {}).get("seccomp"))
@@ -132,7 +140,11 @@ class NriRuntime:
 
     def synchronize(self, pods: Sequence[nri.PodSandbox], containers: Sequence[nri.Container]) -> None:
         listener = str(self.engine.config.guard_listener_path)
-        guarded = sum(1 for c in containers if c.linux.seccomp_policy.listener_path == listener)
+        # containerd 2.2.7 sends no seccomp policy for existing containers; the annotation we
+        # wrote with the rule is in their specs
+        guarded = sum(
+            1 for c in containers if keys.GUARDED in c.annotations or c.linux.seccomp_policy.listener_path == listener
+        )
         synced = sum(1 for c in containers if keys.SYNCED_DEVICES in c.annotations)
         self.synchronized = {"pods": len(pods), "containers": len(containers), "guarded": guarded}
         log.info(

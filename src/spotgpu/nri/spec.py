@@ -5,7 +5,7 @@ Pure; no side effects. :func:`spec_of` builds the part of a ``config.json`` that
 (``process.args``/``env``, ``mounts``, ``annotations``, ``linux.devices``, the device cgroup
 rules, ``linux.resources.cpu.cpus``, ``linux.seccomp``, ``linux.cgroupsPath``), so the chain
 of :mod:`spotgpu.runtime.modifiers` runs on it exactly as it runs on the spec the wrapper
-reads. Two things differ from what the wrapper sees, both on purpose:
+reads. Three things differ from what the wrapper sees, all on purpose:
 
 * the CRI identity annotations (``io.kubernetes.cri.container-type``, ``sandbox-namespace``,
   ``sandbox-name``, ``container-name``, ...) are written from containerd's own fields of the
@@ -15,7 +15,9 @@ reads. Two things differ from what the wrapper sees, both on purpose:
   ``pod_annotations`` allow-list of the shipped containerd snippets) are added unless the
   container already has the key: NRI passes every pod annotation, while the runtime handler's
   allow-list decides what reaches a wrapper's spec. So pod-level device sync, env and the
-  guard opt-out work in NRI mode without a handler.
+  guard opt-out work in NRI mode without a handler;
+* when NRI does not show the container's seccomp policy (:func:`seccomp_known`), the input
+  says so under :data:`FACTS`, and NRI mode's guard functions refuse to compose the rule.
 """
 
 from __future__ import annotations
@@ -29,6 +31,20 @@ from spotgpu.runtime.spec import Spec
 
 POD_ANNOTATION_PREFIXES: Final = ("platform.k8s.io/", "spotgpu.io/")
 """Pod annotation families the chain reads, as deploy/containerd's ``pod_annotations`` pass them."""
+FACTS: Final = "x-spotgpu-nri"
+"""A top-level key of the chain's input (never an OCI field, never adjusted) with what NRI told
+us beyond the spec: ``{"seccomp": "unknown"}`` when the container has a seccomp profile that NRI
+did not send (:func:`seccomp_known`)."""
+
+
+def seccomp_known(linux: nri.LinuxContainer) -> bool:
+    """Whether the request shows the container's seccomp policy: sent as ``seccomp_policy``, or
+    none because its profile is ``Unconfined``. containerd 2.2.7 sends no policy for
+    ``RuntimeDefault`` (nor ``Localhost``) containers, only the profile's type; composing the
+    guard's rule into "no policy" would then replace the real profile with an allow-all one."""
+    if linux.HasField("seccomp_policy"):
+        return True
+    return linux.HasField("seccomp_profile") and linux.seccomp_profile.profile_type == nri.SecurityProfile.UNCONFINED
 
 
 # --- NRI -> OCI ------------------------------------------------------------------------------
@@ -126,12 +142,15 @@ def spec_of(pod: nri.PodSandbox, container: nri.Container) -> Spec:
         spec_linux["cgroupsPath"] = linux.cgroups_path
     if linux.HasField("seccomp_policy"):
         spec_linux["seccomp"] = seccomp_of(linux.seccomp_policy)
-    return {
+    spec: Spec = {
         "process": {"args": list(container.args), "env": list(container.env)},
         "mounts": [mount_of(m) for m in container.mounts],
         "annotations": annotations_of(pod, container),
         "linux": spec_linux,
     }
+    if not seccomp_known(linux):
+        spec[FACTS] = {"seccomp": "unknown"}
+    return spec
 
 
 # --- OCI -> NRI ------------------------------------------------------------------------------
@@ -194,6 +213,7 @@ def nri_seccomp(profile: Mapping[str, Any]) -> nri.LinuxSeccomp:
 
 
 __all__ = [
+    "FACTS",
     "POD_ANNOTATION_PREFIXES",
     "annotations_of",
     "device_of",
@@ -204,6 +224,7 @@ __all__ = [
     "nri_rule",
     "nri_seccomp",
     "rule_of",
+    "seccomp_known",
     "seccomp_of",
     "spec_of",
 ]

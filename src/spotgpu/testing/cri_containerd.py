@@ -256,8 +256,9 @@ def compose(base: Path, binaries: Binaries, settings: CriSettings) -> tuple[dict
     for snippet in settings.snippets:
         layer = tomllib.loads(snippet.read_text())
         if layer.get("version") != wanted:
-            raise ValueError(f"{snippet.name} is config version {layer.get('version')}; containerd "
-                             f"{binaries.version} needs {wanted}")  # fmt: skip
+            raise ValueError(
+                f"{snippet.name} is config version {layer.get('version')}; containerd {binaries.version} needs {wanted}"
+            )
         config = merge(config, layer)
     changed = overrides(config, base, binaries, settings)
     return config, changed

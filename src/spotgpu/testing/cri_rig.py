@@ -71,10 +71,13 @@ class CriRig:
         *,
         gpus: int = 2,
         cdi_dirs: Sequence[str] = (),
-        vendor_cdi: bool = False,
+        vendor_cdi_only: bool = False,
+        host_plugin: bool = True,
     ) -> None:
         self.base = base
         self.mode = mode
+        self.host_plugin = host_plugin
+        """NRI mode: run the NRI plugin in this process (False: a test runs its own)."""
         self.version = binaries.version
         self.gpu_ids = [DeviceID(f"GPU-{i}") for i in range(gpus)]
         plugins = base / "device-plugins"
@@ -89,7 +92,7 @@ class CriRig:
                 for i, g in enumerate(self.gpu_ids)
             ],
             mounts=[("/usr/local/nvidia", str(self.driver), True)],
-            cdi_devices=vendor_cdi,
+            cdi_only=vendor_cdi_only,
         )
         self.cache = MappingCache()
         self.spot_plugin = DevicePluginServer(plugins, SPOT_GPU_RESOURCE, self._spot_allocate, socket_name=SPOT_SOCKET)
@@ -155,7 +158,7 @@ class CriRig:
             cgroup_root=f"spotgpu-cri-{os.getpid()}",
             log_root=self.base / "logs",
         )
-        if self.mode == "nri" and not self.service.plugin.wait_synchronized(15):
+        if self.mode == "nri" and self.host_plugin and not self.service.plugin.wait_synchronized(15):
             raise RuntimeError(f"the NRI plugin did not register: {self.service.plugin.status()}")
         return self
 
@@ -174,7 +177,7 @@ class CriRig:
             guard=GuardConfig(listener_path=self.listener),
         )
         sockets = (SPOT_SOCKET,)
-        if self.mode == "nri":
+        if self.mode == "nri" and self.host_plugin:
             from spotgpu.nri.config import NriConfig
             from spotgpu.nri.service import NriRuntimeService
 
@@ -205,6 +208,24 @@ class CriRig:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def write_cdi_spec(self, folder: Path) -> Path:
+        """A CDI spec (``cdiVersion`` 0.6.0) for the vendor plugin's devices in ``folder``: kind
+        ``nvidia.com/gpu``, one device per GPU with its stand-in node and ``NVIDIA_VISIBLE_DEVICES``."""
+        devices = [
+            {
+                "name": gpu,
+                "containerEdits": {
+                    "deviceNodes": [{"path": f"/dev/nvidia{i}", "hostPath": str(self.base / "dev" / f"nvidia{i}")}],
+                    "env": [f"NVIDIA_VISIBLE_DEVICES={gpu}"],
+                },
+            }
+            for i, gpu in enumerate(self.gpu_ids)
+        ]
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "spotgpu-test-gpus.json"
+        path.write_text(json.dumps({"cdiVersion": "0.6.0", "kind": NVIDIA_GPU_RESOURCE, "devices": devices}))
+        return path
 
     def bundle_spec(self, container_id: str) -> dict[str, Any]:
         """The ``config.json`` runc ran for a started container (after spotgpu-runtime's change)."""
