@@ -329,8 +329,15 @@ class KubeletCri:
     def delete_pod(self, pod: RunningPod, *, grace: int = 0) -> None:
         """Stop and remove the containers and the sandbox; release the pod's devices."""
         for cid in pod.containers.values():
-            self.stop_container(cid, grace)
-            self.remove_container(cid)
+            for method in ("stop", "remove"):
+                try:
+                    if method == "stop":
+                        self.stop_container(cid, grace)
+                    else:
+                        self.remove_container(cid)
+                except CriError as exc:
+                    if exc.code != grpc.StatusCode.NOT_FOUND:  # already gone: what the kubelet wants
+                        raise
         pod.containers.clear()
         self._call("StopPodSandbox", cri.StopPodSandboxRequest(pod_sandbox_id=pod.sandbox_id))
         self._call("RemovePodSandbox", cri.RemovePodSandboxRequest(pod_sandbox_id=pod.sandbox_id))

@@ -545,6 +545,7 @@ class VendorPluginDouble(_Server):
         annotations: Mapping[str, str] | None = None,
         cdi_devices: bool = False,
         cdi_only: bool = False,
+        extra_devices: Sequence[tuple[str, str]] = (),
     ) -> None:
         domain, _, short = resource.partition("/")
         name = socket_name or f"{domain.partition('.')[0]}-{short}.sock"
@@ -557,6 +558,8 @@ class VendorPluginDouble(_Server):
         self.annotations = dict(annotations or {})
         self.cdi_devices = cdi_devices or cdi_only
         self.cdi_only = cdi_only
+        self.extra_devices = list(extra_devices)
+        """(container path, host path) given with every allocation (NVIDIA's control devices)."""
         self.allocate_calls: list[list[list[str]]] = []
         self._lock = threading.Lock()
 
@@ -595,7 +598,8 @@ class VendorPluginDouble(_Server):
                     container_path=self.devices[i].container_path, host_path=self.devices[i].host_path, permissions="rw"
                 )
                 for i in ids
-            ],
+            ]
+            + [dp.DeviceSpec(container_path=c, host_path=h, permissions="rw") for c, h in self.extra_devices],
             mounts=[dp.Mount(container_path=c, host_path=h, read_only=ro) for c, h, ro in self.mounts],
             annotations=self.annotations,
         )
