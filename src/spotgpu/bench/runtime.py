@@ -1,5 +1,8 @@
 """``spotgpu bench runtime --json``: what spotgpu-runtime adds to container creation and kill (root).
 
+With ``--cri [--containerd 1.6|2.2] [--mode wrapper|nri]`` the figures are taken through the
+real CRI instead (:mod:`spotgpu.bench.runtime_cri`); what follows is the ``ctr run`` baseline.
+
 Side effects: a private containerd (root, state and socket in a temporary directory), a
 stand-in GPU device node, the kubelet doubles (pod-resources and an NVIDIA-like device plugin,
 real gRPC on unix sockets) and the runtime service in this process, as the agent would host it;
@@ -85,6 +88,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "a negative value shields the measurement from unrelated load on a shared machine",
     )
     parser.add_argument("--json", action="store_true", help="print only the JSON object (one line)")
+    parser.add_argument(
+        "--cri",
+        action="store_true",
+        help="through the real CRI: CreateContainer+StartContainer as the kubelet calls them",
+    )
+    parser.add_argument("--containerd", choices=["1.6", "2.2"], default="1.6", help="with --cri (default 1.6)")
+    parser.add_argument("--mode", choices=["wrapper", "nri"], default="wrapper", help="with --cri (default wrapper)")
 
 
 def _spot_annotations() -> dict[str, str]:
@@ -276,10 +286,17 @@ def measure(base: Path, runs: int, warmup: int, extra: bool) -> dict[str, Any]:
         result["sync_local_added_ms"] = added("sync_local")
         result["python_every_verb_added_ms"] = added("python_every_verb")
     result["meets_targets"] = {k: result[k] <= v for k, v in TARGETS.items()}
+    from spotgpu.bench.runtime_cri import environment
+
+    result["environment"] = environment()
     return result
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.cri:
+        from spotgpu.bench import runtime_cri
+
+        return runtime_cri.run(args)
     missing = [p for p in ("runc", "containerd", "ctr") if shutil.which(p) is None]
     if os.geteuid() != 0 or missing or not Path("/bin/busybox").exists():
         print(

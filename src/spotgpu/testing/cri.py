@@ -343,6 +343,19 @@ class KubeletCri:
         self._call("RemovePodSandbox", cri.RemovePodSandboxRequest(pod_sandbox_id=pod.sandbox_id))
         self.release(pod)
 
+    def remove_container_of(self, pod: RunningPod, name: str) -> None:
+        """Stop and remove one container of a running pod; its devices are free again (the
+        kubelet does this when a pod's container is replaced, e.g. by a new attempt)."""
+        cid = pod.containers.pop(name, None)
+        if cid is not None:
+            self.stop_container(cid)
+            self.remove_container(cid)
+        options = pod.grants.pop(name, None)
+        if options is not None and self.kubelet is not None:
+            for resource, ids in options.granted:
+                self.kubelet.release(resource, ids)
+        self._record(pod)
+
     def release(self, pod: RunningPod) -> None:
         """The pod is gone: its devices may be allocated again, pod-resources forgets it."""
         for options in pod.grants.values():
