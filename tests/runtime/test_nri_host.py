@@ -130,3 +130,24 @@ def test_owner_in_nri_mode_is_guarded() -> None:
     assert not any(s.HasField("errno_ret") for s in adjust.linux.seccomp_policy.syscalls)
     assert not adjust.linux.seccomp_policy.HasField("default_errno")
     assert adjust.annotations[keys.GUARDED] == OWNER.format()
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "guarded"),
+    [
+        ("containerd", "v2.2.7", True),
+        ("containerd", "v2.3.0", True),
+        ("containerd", "v2.1.4", False),
+        ("containerd", "1.7.27", False),
+        ("cri-o", "1.31.0", False),
+    ],
+)
+def test_the_guard_needs_a_runtime_that_applies_seccomp_from_nri(name: str, version: str, guarded: bool) -> None:
+    """An older runtime's NRI would drop the policy it does not know: the owner would run
+    without the rule while its spec said it had one."""
+    runtime = NriRuntime(engine(guard=FakeGuard()))
+    runtime.configure(name, version)
+    adjust = runtime.decide(*request(OWNER))
+    assert adjust.linux.HasField("seccomp_policy") is guarded
+    if not guarded:
+        assert "does not apply seccomp policies from NRI" in adjust.annotations[keys.GUARD_SKIPPED]

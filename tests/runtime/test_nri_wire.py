@@ -78,6 +78,7 @@ class Handler:
         self.synced: list[tuple[int, int]] = []
         self.created: list[str] = []
         self.answer: nri.ContainerAdjustment | RpcError = nri.ContainerAdjustment()
+        self.runtime: tuple[str, str] | None = None
 
     def create_container(
         self, pod: nri.PodSandbox, container: nri.Container, timeout: float
@@ -89,6 +90,9 @@ class Handler:
 
     def synchronize(self, pods: Sequence[nri.PodSandbox], containers: Sequence[nri.Container]) -> None:
         self.synced.append((len(pods), len(containers)))
+
+    def configure(self, runtime_name: str, runtime_version: str) -> None:
+        self.runtime = (runtime_name, runtime_version)
 
 
 @pytest.fixture
@@ -129,6 +133,7 @@ def test_registration_configure_synchronize_in_parts(session: tuple[FakeRuntime,
     configure_and_sync(runtime, parts=3)
     assert plugin.wait_synchronized(5)
     assert handler.synced == [(3, 3)]  # the handler sees every part at once
+    assert handler.runtime == ("fake", "")
 
 
 def test_create_container_answers_and_errors_are_statuses(session: tuple[FakeRuntime, NriPlugin, Handler]) -> None:

@@ -38,9 +38,11 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from typing import Any, Final
 
 from spotgpu.adapters.proto import nri_v1alpha1_pb2 as nri
@@ -76,12 +78,33 @@ def nri_expressible(profile: Any) -> str | None:
     return None
 
 
+def seccomp_adjustable(runtime_name: str, runtime_version: str) -> bool:
+    """Whether the runtime applies an NRI adjustment's seccomp policy: containerd from 2.2 on
+    (NRI 0.10). Older containerd (and runtimes not verified here, CRI-O) would drop the field
+    unknown to their NRI, and the owner would run without the rule."""
+    if runtime_name != "containerd":
+        return False
+    match = re.match(r"v?(\d+)\.(\d+)", runtime_version)
+    return match is not None and (int(match[1]), int(match[2])) >= (2, 2)
+
+
+@dataclass(frozen=True, slots=True)
+class NriGuardFunctions(GuardFunctions):
+    """The guard's functions as NRI mode wraps them (:func:`nri_guard_functions`)."""
+
+
 def nri_guard_functions(base: GuardFunctions | None) -> GuardFunctions | None:
-    """The guard's functions, with ``apply`` refusing (as a conflict) a result NRI cannot carry."""
-    if base is None:
-        return None
+    """The guard's functions, with ``apply`` refusing (as a conflict) what NRI cannot carry."""
+    if base is None or isinstance(base, NriGuardFunctions):
+        return base
 
     def apply(spec: dict[str, Any], **kwargs: Any) -> None:
+        runtime = (spec.get(FACTS) or {}).get("runtime")
+        if runtime is not None and not seccomp_adjustable(*runtime):
+            raise NriGuardConflict(
+                f"NRI mode cannot install the rule: {' '.join(runtime)} does not apply seccomp policies from NRI "
+                "(containerd >= 2.2 does); use wrapper mode for GPU owners on this node"
+            )
         if (spec.get(FACTS) or {}).get("seccomp") == "unknown":
             raise NriGuardConflict(
                 "NRI mode cannot install the rule: the runtime did not send this container's seccomp policy "
@@ -95,16 +118,28 @@ def nri_guard_functions(base: GuardFunctions | None) -> GuardFunctions | None:
         spec.clear()
         spec.update(trial)
 
-    return GuardFunctions(apply, base.ready)
+    return NriGuardFunctions(apply, base.ready)
 
 
 class NriRuntime:
     """The :class:`~spotgpu.nri.plugin.ContainerHandler` of NRI mode (module docstring)."""
 
     def __init__(self, engine: SpecEngine, *, workers: int = 4) -> None:
+        engine.guard = nri_guard_functions(engine.guard)  # the engine is NRI mode's own
         self.engine = engine
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nri-decide")
         self.synchronized: dict[str, int] = {}
+        self.runtime: tuple[str, str] | None = None
+        """``(name, version)`` of the runtime that configured us (None: not yet)."""
+
+    def configure(self, runtime_name: str, runtime_version: str) -> None:
+        self.runtime = (runtime_name, runtime_version)
+        if not seccomp_adjustable(runtime_name, runtime_version):
+            log.warning(
+                "NRI: %s %s does not apply seccomp policies from NRI: GPU owners get no return guard in NRI mode",
+                runtime_name,
+                runtime_version,
+            )
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -112,6 +147,8 @@ class NriRuntime:
     def decide(self, pod: nri.PodSandbox, container: nri.Container) -> nri.ContainerAdjustment:
         """The answer for one container (no deadline; :meth:`create_container` adds it)."""
         spec = spec_of(pod, container)
+        if self.runtime is not None:
+            spec.setdefault(FACTS, {})["runtime"] = list(self.runtime)
         status, body = self.engine.handle(container.id, f"nri:{pod.namespace}/{pod.name}", json.dumps(spec).encode())
         if status == protocol.UNCHANGED:
             return nri.ContainerAdjustment()
@@ -156,4 +193,12 @@ class NriRuntime:
         )
 
 
-__all__ = ["ANSWER_MARGIN", "NriGuardConflict", "NriRuntime", "nri_expressible", "nri_guard_functions"]
+__all__ = [
+    "ANSWER_MARGIN",
+    "NriGuardConflict",
+    "NriGuardFunctions",
+    "NriRuntime",
+    "nri_expressible",
+    "nri_guard_functions",
+    "seccomp_adjustable",
+]

@@ -52,6 +52,10 @@ class ContainerHandler(Protocol):
         """The runtime's pods and containers when we (re)register."""
         ...
 
+    def configure(self, runtime_name: str, runtime_version: str) -> None:
+        """Which runtime (and version) configured us, before anything else."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class RuntimeInfo:
@@ -196,6 +200,7 @@ class NriPlugin:
     def _configure(self, request: nri.ConfigureRequest) -> bytes:
         timeout = request.request_timeout / 1000 if request.request_timeout > 0 else 2.0
         self.runtime = RuntimeInfo(request.runtime_name, request.runtime_version, timeout)
+        self.handler.configure(request.runtime_name, request.runtime_version)
         log.info(
             "NRI: configured by %s %s (request timeout %.1fs)", request.runtime_name, request.runtime_version, timeout
         )

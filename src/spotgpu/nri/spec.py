@@ -33,8 +33,8 @@ POD_ANNOTATION_PREFIXES: Final = ("platform.k8s.io/", "spotgpu.io/")
 """Pod annotation families the chain reads, as deploy/containerd's ``pod_annotations`` pass them."""
 FACTS: Final = "x-spotgpu-nri"
 """A top-level key of the chain's input (never an OCI field, never adjusted) with what NRI told
-us beyond the spec: ``{"seccomp": "unknown"}`` when the container has a seccomp profile that NRI
-did not send (:func:`seccomp_known`)."""
+us beyond the spec: ``"seccomp": "unknown"`` when the container has a seccomp profile that NRI
+did not send (:func:`seccomp_known`), ``"runtime": [name, version]`` of the runtime."""
 
 
 def seccomp_known(linux: nri.LinuxContainer) -> bool:
