@@ -149,11 +149,11 @@ class _Bench:
             self.daemon.ctr("containers", "delete", cid, check=False)
 
 
-def _median(values: list[float]) -> float:
+def median_ms(values: list[float]) -> float:
     return round(statistics.median(values), 2)
 
 
-def _spread(values: list[float]) -> float:
+def iqr_ms(values: list[float]) -> float:
     """Interquartile range: how noisy one variant's samples were."""
     if len(values) < 4:
         return 0.0
@@ -171,7 +171,7 @@ def per_call_added_ms(shim: str, lower: str, calls: int = 100) -> float:
             subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
             times.append((time.perf_counter() - start) * 1000)
         diffs.append(times[1] - times[0])
-    return _median(diffs)
+    return median_ms(diffs)
 
 
 def _python_every_verb(dest: Path, lower: str, agent_socket: Path) -> Path:
@@ -261,11 +261,11 @@ def measure(base: Path, runs: int, warmup: int, extra: bool) -> dict[str, Any]:
                 bench.channel.close()
         finally:
             lookup.close()
-    medians = {name: _median(values) for name, values in samples.items()}
+    medians = {name: median_ms(values) for name, values in samples.items()}
 
     def added(name: str, base: str = "plain") -> float:
         """Median of the per-round differences (paired: drift within a round cancels)."""
-        return _median([a - b for a, b in zip(samples[name], samples[base], strict=True)])
+        return median_ms([a - b for a, b in zip(samples[name], samples[base], strict=True)])
 
     result: dict[str, Any] = {
         "plain_ms_median": medians["plain"],
@@ -278,7 +278,7 @@ def measure(base: Path, runs: int, warmup: int, extra: bool) -> dict[str, Any]:
         "runs": runs,
         "targets": TARGETS,
         "medians_ms": medians,
-        "iqr_ms": {name: _spread(values) for name, values in samples.items()},
+        "iqr_ms": {name: iqr_ms(values) for name, values in samples.items()},
         "load_average_1m": round(os.getloadavg()[0], 2),
         "niceness": os.nice(0),
     }
@@ -315,4 +315,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["TARGETS", "add_arguments", "measure", "run"]
+__all__ = ["TARGETS", "add_arguments", "iqr_ms", "measure", "median_ms", "run"]

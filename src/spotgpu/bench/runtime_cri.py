@@ -28,7 +28,6 @@ import argparse
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import tempfile
 import time
@@ -36,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from spotgpu.bench.runtime import iqr_ms, median_ms
 from spotgpu.core.ids import SPOT_GPU_RESOURCE
 from spotgpu.core.refs import ContainerRef
 from spotgpu.testing.cri import ContainerSpec, KubeletCri, PodSpec, RunningPod
@@ -147,17 +147,6 @@ def variants(rig: CriRig) -> dict[str, _Variant]:
     }
 
 
-def _median(values: list[float]) -> float:
-    return round(statistics.median(values), 2)
-
-
-def _iqr(values: list[float]) -> float:
-    if len(values) < 4:
-        return 0.0
-    q = statistics.quantiles(values, n=4)
-    return round(q[2] - q[0], 2)
-
-
 def rounds(chosen: dict[str, _Variant], runs: int, warmup: int) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {name: [] for name in chosen}
     names = list(chosen)
@@ -185,18 +174,18 @@ def measure(base: Path, version: str, mode: Mode, runs: int, warmup: int) -> dic
         rig.stop()
 
     def added(name: str) -> float:
-        return _median([a - b for a, b in zip(samples[name], samples["plain"], strict=True)])
+        return median_ms([a - b for a, b in zip(samples[name], samples["plain"], strict=True)])
 
     targets = TARGETS[mode]
     result: dict[str, Any] = {
         "cri": True,
         "mode": mode,
         "containerd": f"{version_answer.runtime_name} {version_answer.runtime_version}",
-        "plain_ms_median": _median(samples["plain"]),
+        "plain_ms_median": median_ms(samples["plain"]),
         "passthrough_added_ms": added("passthrough"),
         "sync_added_ms": added("sync"),
-        "medians_ms": {name: _median(v) for name, v in samples.items()},
-        "iqr_ms": {name: _iqr(v) for name, v in samples.items()},
+        "medians_ms": {name: median_ms(v) for name, v in samples.items()},
+        "iqr_ms": {name: iqr_ms(v) for name, v in samples.items()},
         "runs": runs,
         "warmup": warmup,
         "targets": targets,

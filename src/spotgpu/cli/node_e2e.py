@@ -70,26 +70,31 @@ def _check_machine() -> str | None:
     return None
 
 
+def _invalid(args: argparse.Namespace) -> str | None:
+    """What is wrong with the options (None: nothing)."""
+    if args.cycles < 0 or args.spot_containers < 1 or args.gpus < 1:
+        return "--cycles >= 0, --spot-containers >= 1 and --gpus >= 1"
+    if args.launcher == "ctr" and (args.containerd != "1.6" or args.mode != "wrapper"):
+        return "--ctr runs containerd 1.6 in wrapper mode only"
+    if args.mode == "nri" and args.containerd == "1.6":
+        return "containerd 1.6 has no NRI: --mode nri needs --containerd 2.2"
+    if args.containerd == "2.2":
+        from spotgpu.testing.cri_containerd import ENV_CONTAINERD22, containerd22_folder
+
+        if containerd22_folder() is None:
+            return f"containerd 2.2.7 not found (set ${ENV_CONTAINERD22})"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     problem = _check_machine()
     if problem:
         print(f"spotgpu node-e2e: {problem}", file=sys.stderr)
         return 2
-    if args.cycles < 0 or args.spot_containers < 1 or args.gpus < 1:
-        print("spotgpu node-e2e: --cycles >= 0, --spot-containers >= 1 and --gpus >= 1", file=sys.stderr)
+    invalid = _invalid(args)
+    if invalid:
+        print(f"spotgpu node-e2e: {invalid}", file=sys.stderr)
         return 2
-    if args.launcher == "ctr" and (args.containerd != "1.6" or args.mode != "wrapper"):
-        print("spotgpu node-e2e: --ctr runs containerd 1.6 in wrapper mode only", file=sys.stderr)
-        return 2
-    if args.mode == "nri" and args.containerd == "1.6":
-        print("spotgpu node-e2e: containerd 1.6 has no NRI: --mode nri needs --containerd 2.2", file=sys.stderr)
-        return 2
-    if args.containerd == "2.2":
-        from spotgpu.testing.cri_containerd import ENV_CONTAINERD22, containerd22_folder
-
-        if containerd22_folder() is None:
-            print(f"spotgpu node-e2e: containerd 2.2.7 not found (set ${ENV_CONTAINERD22})", file=sys.stderr)
-            return 2
     from spotgpu.e2e.faults import run_faults
     from spotgpu.e2e.node import Node, NodeSettings
     from spotgpu.e2e.run import TARGETS, Run, run_cycles, summarize

@@ -120,9 +120,7 @@ class CriLauncher:
 
     def close(self) -> None:
         if self.cri is not None:
-            for pod in list(self.cri.pods.values()):
-                with contextlib.suppress(CriError):
-                    self.cri.delete_pod(pod)
+            self.cri.delete_all()
             self.cri.close()
             self.cri = None
         self.containerd.stop()

@@ -356,6 +356,14 @@ class KubeletCri:
                 self.kubelet.release(resource, ids)
         self._record(pod)
 
+    def delete_all(self) -> None:
+        """Delete every pod this double started (best effort: a runtime that is gone is fine)."""
+        for pod in list(self.pods.values()):
+            try:
+                self.delete_pod(pod)
+            except CriError:
+                self.release(pod)
+
     def release(self, pod: RunningPod) -> None:
         """The pod is gone: its devices may be allocated again, pod-resources forgets it."""
         for options in pod.grants.values():

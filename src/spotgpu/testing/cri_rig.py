@@ -192,9 +192,7 @@ class CriRig:
 
     def stop(self) -> None:
         if self.cri is not None:
-            for pod in list(self.cri.pods.values()):
-                with contextlib.suppress(Exception):
-                    self.cri.delete_pod(pod)
+            self.cri.delete_all()
             self.cri.close()
             self.cri = None
         while self._started:
