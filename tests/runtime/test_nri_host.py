@@ -151,3 +151,42 @@ def test_the_guard_needs_a_runtime_that_applies_seccomp_from_nri(name: str, vers
     assert adjust.linux.HasField("seccomp_policy") is guarded
     if not guarded:
         assert "does not apply seccomp policies from NRI" in adjust.annotations[keys.GUARD_SKIPPED]
+
+
+def test_the_agent_hosts_nri_mode_next_to_the_wrappers_socket(tmp_path: Any) -> None:
+    """``spotgpu.agent.build.runtime_service_factory`` with ``nri.enabled``: the wrapper's service
+    and the NRI plugin, registered with the runtime, answers of both counted together."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from spotgpu.agent.build import runtime_service_factory
+    from spotgpu.core.config import AgentConfig, GuardConfig
+    from spotgpu.nri.service import NriRuntimeService
+    from spotgpu.runtime.config import RuntimeConfig
+
+    from .nri_runtime import FakeRuntime
+
+    base = Path(tmp_path)
+    runtime_side = FakeRuntime(base / "nri.sock")
+    agent = AgentConfig(
+        node_name="n",
+        device_plugin_dir=base / "plugins",
+        pod_resources_socket=base / "pr.sock",
+        runtime_socket=base / "agent.sock",
+        guard=GuardConfig(listener_path=base / "guard.sock"),
+    )
+    make = runtime_service_factory(agent, RuntimeConfig(), NriConfig(enabled=True, socket_path=runtime_side.path))
+    service = make(SimpleNamespace(owner_of=lambda d: None, lendable=lambda d: None))  # type: ignore[arg-type]
+    assert isinstance(service, NriRuntimeService)
+    try:
+        service.start()
+        runtime_side.accept()
+        assert (base / "agent.sock").is_socket()  # the wrapper's socket stays served
+        deadline = time.monotonic() + 5
+        while not runtime_side.registered and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert runtime_side.registered[0].plugin_name == "spotgpu"
+        assert service.status()["nri"]["plugin"] == "50-spotgpu" and service.counts() == {}
+    finally:
+        service.stop()
+        runtime_side.close()
