@@ -312,3 +312,38 @@ def test_an_owner_whose_profile_uses_errno_ret_is_skipped_not_failed() -> None:
     assert result["linux"]["seccomp"] == before["linux"]["seccomp"]
     assert result["annotations"][keys.GUARD_SKIPPED].startswith("conflict: NRI mode cannot install the rule")
     assert keys.GUARDED not in result["annotations"]
+
+
+@given(
+    annotations=st.dictionaries(
+        st.sampled_from(
+            [
+                keys.DEVICES_FROM_PREFIX,
+                keys.DEVICES_FROM_PREFIX + ".worker",
+                keys.CONTAINER_ENV_PREFIX,
+                keys.CONTAINER_ENV_PREFIX + ".main",
+                keys.GUARD,
+                keys.SYNCED_DEVICES,
+                CDI_ANNOTATION,
+            ]
+        ),
+        st.text(max_size=60) | st.sampled_from(['{"_/dev-box/main": {"nvidia.com/gpu": ["GPU-a"]}}', '{"A": "1"}']),
+        max_size=4,
+    ),
+    target=st.sampled_from([SPOT_CTR, OWNER]),
+)
+def test_any_annotation_text_is_an_adjustment_or_an_error_status(annotations: dict[str, str], target: Any) -> None:
+    """Through the whole NRI path, tenant-written text never escapes as anything but an answer."""
+    from spotgpu.nri.host import NriRuntime
+    from spotgpu.nri.transport import RpcError
+
+    pod, container = request(target, annotations)
+    runtime = NriRuntime(engine(standard_lookup(), guard=FakeGuard()))
+    try:
+        adjust = runtime.decide(pod, container)
+    except RpcError as exc:
+        assert exc.message.startswith("spotgpu-runtime: ")
+    else:
+        assert not any(s.HasField("errno_ret") for s in adjust.linux.seccomp_policy.syscalls)
+    finally:
+        runtime.close()
