@@ -21,6 +21,18 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
 fi
 
+# containerd 2.2.7 for the CRI and NRI tests: $SPOTGPU_CONTAINERD22, by default ../shared/bin/
+# containerd-2.2.7 next to the repository. As root (CI) it is required, so those tests can never
+# be skipped there: they fail instead of skipping when it is missing.
+if [ "$(id -u)" -eq 0 ]; then
+    export SPOTGPU_CONTAINERD22="${SPOTGPU_CONTAINERD22:-$(cd .. && pwd)/shared/bin/containerd-2.2.7}"
+    if [ ! -e "$SPOTGPU_CONTAINERD22/containerd" ]; then
+        echo "== containerd 2.2.7 not found in $SPOTGPU_CONTAINERD22 (set SPOTGPU_CONTAINERD22): the CRI/NRI tests need it" >&2
+        exit 1
+    fi
+    export SPOTGPU_REQUIRE_CONTAINERD22=1
+fi
+
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     echo "== creating .venv with $($PY --version)"

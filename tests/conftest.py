@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -34,3 +36,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "root" in item.keywords:
             item.add_marker(skip)
+
+
+# --- real CRI runtimes (containerd 1.6 and 2.2.7) ------------------------------------------------
+
+REQUIRE_CONTAINERD22 = "SPOTGPU_REQUIRE_CONTAINERD22"
+"""Set by scripts/test.sh (CI): tests needing containerd 2.2.7 fail, rather than skip, without it."""
+
+
+@pytest.fixture(scope="session")
+def cri_images(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The pause and busybox image tarballs (built once per session, imported per containerd)."""
+    from spotgpu.testing.images import busybox_image, pause_image
+
+    folder = tmp_path_factory.mktemp("images")
+    return [pause_image(folder), busybox_image(folder)]
+
+
+@pytest.fixture(scope="session")
+def containerd_binaries() -> Callable[[str], object]:
+    """``binaries(version)``: the containerd build of ``version``; skips (or, under
+    scripts/test.sh, fails) when it is not installed."""
+    from spotgpu.testing.cri_containerd import binaries
+
+    def find(version: str) -> object:
+        try:
+            return binaries(version)  # type: ignore[arg-type]
+        except FileNotFoundError as exc:
+            if version == "2.2" and os.environ.get(REQUIRE_CONTAINERD22):
+                pytest.fail(f"{exc} ({REQUIRE_CONTAINERD22} is set: CI must run these tests)")
+            pytest.skip(str(exc))
+
+    return find

@@ -1,11 +1,13 @@
 """The node end-to-end run in CI: ``spotgpu node-e2e`` exactly as a user runs it (root).
 
-Everything real that this machine has (containerd, runc, spotgpu-runtime's installed fast
-path, the agent and the guard's fd holder as processes, seccomp notify, gRPC over unix sockets,
-HTTP to the API double); the kubelet, the API server and the GPUs are the protocol-level
+Everything real that this machine has (containerd with its CRI plugin, runc, spotgpu-runtime's
+installed fast path or the agent's NRI plugin, the agent and the guard's fd holder as
+processes, seccomp notify, gRPC and ttrpc over unix sockets, HTTP to the API double); the
+kubelet (its CRI calls and device manager), the API server and the GPUs are the protocol-level
 doubles and stand-in devices described in docs/node-e2e.md. A short version of the reported
-run: three lend/return cycles with four spot containers, then every fault. About 40 s on the
-2-core CI machine.
+run on each node kind (containerd 1.6 and 2.2.7 with the ``spotgpu`` handler, 2.2.7 in NRI
+mode): two lend/return cycles with four spot containers, then every fault. About 30 s each on
+the 2-core CI machine.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -22,24 +26,28 @@ from spotgpu.e2e.faults import FAULTS
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-CYCLES = 3
+CYCLES = 2
 SPOTS = 4
 FAIL_OPEN_S = 5.0
+NODES = [("1.6", "wrapper"), ("2.2", "wrapper"), ("2.2", "nri")]
 
 
-@pytest.fixture(scope="module")
-def run() -> tuple[dict[str, object], str]:
+@pytest.fixture(scope="module", params=NODES, ids=[f"{v}-{m}" for v, m in NODES])
+def run(request: pytest.FixtureRequest, containerd_binaries: Callable[[str], Any]) -> tuple[dict[str, object], str]:
+    version, mode = request.param
+    containerd_binaries(version)  # skips (or, in CI, fails) without containerd 2.2.7
     if shutil.which("gcc") is None:
         pytest.skip("gcc (with a static libc) is needed to build the owner's GPU client")
     proc = subprocess.run(
         [sys.executable, "-m", "spotgpu", "node-e2e", "--cycles", str(CYCLES), "--spot-containers", str(SPOTS),
-         "--faults", "--json", "--fail-open", str(FAIL_OPEN_S)],
+         "--faults", "--json", "--fail-open", str(FAIL_OPEN_S), "--containerd", version, "--mode", mode],
         capture_output=True, text=True, timeout=600, check=False, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     assert proc.stdout.strip(), f"no JSON on stdout; stderr:\n{proc.stderr[-6000:]}"
     result = json.loads(proc.stdout)
     assert "error" not in result, f"{result['error']}\n{proc.stderr[-6000:]}"
     assert proc.returncode == 0, f"exit {proc.returncode}: {result.get('problems')}\n{proc.stderr[-6000:]}"
+    assert result["node"] == {"launcher": "cri", "containerd": version, "mode": mode}
     return result, proc.stderr
 
 

@@ -49,6 +49,7 @@ from spotgpu.cli import build_parser
 from spotgpu.core.config import AgentConfig, from_mapping
 from spotgpu.kube import crds
 from spotgpu.kube.metrics import ControllerMetrics
+from spotgpu.nri.config import NriConfig
 from spotgpu.runtime.config import RuntimeConfig
 from spotgpu.scheduler.config import SchedulerConfig
 
@@ -86,6 +87,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     "agent-only": {"scheduler": {"enabled": False}, "priorityClasses": {"create": False}, "queues": []},
     "guard-off": {"agent": {"config": {"guard": {"enabled": False}}}},
+    "nri": {"agent": {"runtime": {"mode": "nri", "install": False}}},
 }
 
 
@@ -211,6 +213,7 @@ def test_configurations_in_the_chart_load_with_our_own_loaders(manifests: list[d
             config = yaml.safe_load(data["config.yaml"])
             agent = from_mapping(AgentConfig, config["agent"], "agent")
             runtime = from_mapping(RuntimeConfig, config["runtime"], "runtime")
+            from_mapping(NriConfig, config["nri"], "nri")
             assert agent.guard.listener_path == runtime.guard_listener_path
             assert agent.guard.enabled == runtime.guard_enabled  # the installed shim knows too
             assert agent.runtime_socket == runtime.agent_socket
@@ -386,6 +389,32 @@ def test_without_the_guard_the_runtime_is_told_and_no_holder_runs() -> None:
     assert not [d for d in docs if d["metadata"]["name"].endswith("-guard-holder")]
     runtime = from_mapping(RuntimeConfig, _node_config(docs)["runtime"], "runtime")
     assert runtime.guard_enabled is False  # the installed shim never waits for a listener
+
+
+def test_nri_mode_mounts_the_nri_socket_and_needs_no_containerd_change() -> None:
+    """agent.runtime.mode: nri: the agent's configuration turns NRI on at the socket the
+    DaemonSet mounts (the folder, at its host path); no shim install, no RuntimeClass handler."""
+    docs = documents(render_chart(CHART, {"agent": {"runtime": {"mode": "nri", "install": False}}}))
+    nri = from_mapping(NriConfig, _node_config(docs)["nri"], "nri")
+    assert nri.enabled and str(nri.socket_path) == "/var/run/nri/nri.sock"
+    shipped = tomllib.loads((ROOT / "deploy/containerd/nri-v3.toml").read_text())
+    assert shipped["plugins"]["io.containerd.nri.v1.nri"]["socket_path"] == str(nri.socket_path)
+    pod = one(docs, "DaemonSet", "-agent")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    (agent,) = pod["containers"]
+    assert volumes["nri"] == "/var/run/nri" and {"name": "nri", "mountPath": "/var/run/nri"} in agent["volumeMounts"]
+    assert "initContainers" not in pod and "runtime-install" not in volumes
+    wrapper = documents(render_chart(CHART))
+    assert from_mapping(NriConfig, _node_config(wrapper)["nri"], "nri").enabled is False
+    wrapper_pod = one(wrapper, "DaemonSet", "-agent")["spec"]["template"]["spec"]
+    assert "nri" not in {v["name"] for v in wrapper_pod["volumes"]}
+
+
+def test_a_runtime_mode_other_than_wrapper_or_nri_is_refused() -> None:
+    with pytest.raises(TemplateError, match=r"agent\.runtime\.mode: \"kata\" must be wrapper or nri"):
+        render_chart(CHART, {"agent": {"runtime": {"mode": "kata"}}})
+    with pytest.raises(TemplateError, match=r"NRI mode .* uses no runtime handler"):
+        render_chart(CHART, {"agent": {"runtime": {"mode": "nri"}}, "runtimeClass": {"create": True}})
 
 
 def test_config_changes_roll_the_pods_that_read_them() -> None:

@@ -12,14 +12,11 @@ nvidia-container-runtime stand-in).
 
 from __future__ import annotations
 
-import array
 import contextlib
 import json
 import os
-import socket
 import stat
 import subprocess
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +34,7 @@ from spotgpu.runtime.service import RuntimeService
 from spotgpu.runtime.shim import install_shim
 from spotgpu.testing.containerd import make_bundle, make_rootfs
 from spotgpu.testing.kubelet import PodResources, PodResourcesDouble, VendorDevice, VendorPluginDouble
+from spotgpu.testing.listener import RecordingListener as GuardListener
 
 from .fakes import cri, devices_from, kubelet_pods
 
@@ -46,42 +44,6 @@ PROBE = (
     "ls -l /dev/nvidia0; head -c 1 /dev/nvidia0 && echo OPEN-OK; "
     "cat /usr/local/nvidia/lib/libfake.txt; echo VISIBLE=$NVIDIA_VISIBLE_DEVICES"
 )
-
-
-class GuardListener:
-    """A seccomp listener like the guard's: records the state JSON and closes each notify fd."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.states: list[dict[str, Any]] = []
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.bind(str(path))
-        self.sock.listen()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(5)
-                try:
-                    data, ancdata, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(4 * 4))
-                except OSError:
-                    continue
-                for level, kind, payload in ancdata:
-                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                        for fd in array.array("i", payload[: len(payload) - len(payload) % 4]):
-                            os.close(fd)
-                if data:
-                    self.states.append(json.loads(data))
-
-    def close(self) -> None:
-        self.sock.close()
-        self.path.unlink(missing_ok=True)
 
 
 @dataclass

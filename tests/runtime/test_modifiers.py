@@ -18,6 +18,7 @@ from spotgpu.core.codec import DevicesFromError
 from spotgpu.core.errors import TemporaryError
 from spotgpu.core.mapping_cache import IDLE_SPACE
 from spotgpu.core.refs import ContainerRef
+from spotgpu.nri.adjust import NotExpressible
 from spotgpu.runtime.lookup import MountSpec
 from spotgpu.runtime.modifiers.devices import CDI_ANNOTATION, AllocationError
 from spotgpu.runtime.modifiers.generic import GenericEnvError
@@ -26,6 +27,7 @@ from spotgpu.runtime.sync import RefusalReason, SyncRefused
 
 from .fakes import (
     GPU,
+    MODE,
     NS,
     OWNER,
     SPOT,
@@ -40,6 +42,8 @@ from .fakes import (
 )
 
 FROM_OWNER = {"_/dev-box/main": {"nvidia.com/gpu": ["GPU-a"]}}
+
+pytestmark = pytest.mark.usefixtures("runtime_mode")  # every decision also as NRI mode makes it
 
 
 def modified(spec: dict[str, Any], **kw: Any) -> dict[str, Any]:
@@ -92,7 +96,10 @@ def test_devices_replaces_an_existing_env_and_device_node_in_place() -> None:
     new = modified(spec)
     assert "NVIDIA_VISIBLE_DEVICES=GPU-a" in new["process"]["env"]  # the spot container's own were stripped
     assert sum(e.startswith("NVIDIA_VISIBLE_DEVICES=") for e in new["process"]["env"]) == 1
-    assert [(d["path"], d["major"]) for d in new["linux"]["devices"]] == [("/dev/nvidia0", 195), ("/dev/fuse", 10)]
+    assert sorted((d["path"], d["major"]) for d in new["linux"]["devices"]) == [
+        ("/dev/fuse", 10),
+        ("/dev/nvidia0", 195),
+    ]
 
 
 def test_devices_merges_plugin_annotations_and_cdi_names_but_never_protected_keys() -> None:
@@ -183,10 +190,14 @@ def test_synced_mounts_replace_the_images_mount_at_the_same_destination() -> Non
             "options": ["rbind", "rprivate", "ro"],
         }
     ]
-    assert [m["destination"] for m in mounts][:2] == ["/proc", "/dev"]
+    assert {m["destination"] for m in mounts} == {"/proc", "/dev", "/usr/local/nvidia"}  # NRI sorts them by depth
 
 
 def test_without_replace_mounts_the_images_mount_stays() -> None:
+    if MODE.value == "nri":  # an NRI mount replaces the one at its destination: two cannot be expressed
+        with pytest.raises(NotExpressible, match="mounts"):
+            modified(spot_spec(FROM_OWNER), modifiers=("devices",))
+        return
     new = modified(spot_spec(FROM_OWNER), modifiers=("devices",))
     assert sorted(m["source"] for m in new["mounts"] if m["destination"] == "/usr/local/nvidia") == [
         "/opt/driver",

@@ -32,14 +32,39 @@ from spotgpu.runtime.sync import (
     plan_sync,
 )
 
-from .fakes import GPU, NS, OWNER, SHADOW, SPOT, SPOT_CTR, SYSTEM_NS, FakeLookup, devices_from, pod, standard_lookup
+from .fakes import (
+    GPU,
+    MODE,
+    NS,
+    OWNER,
+    SHADOW,
+    SPOT,
+    SPOT_CTR,
+    SYSTEM_NS,
+    FakeLookup,
+    devices_from,
+    engine,
+    pod,
+    spot_spec,
+    standard_lookup,
+)
 
 POLICY = SyncPolicy(SPOT, frozenset({GPU}), frozenset({SYSTEM_NS}))
+
+
+pytestmark = pytest.mark.usefixtures("runtime_mode")  # every decision also as NRI mode makes it
 
 
 def plan(
     sources: Mapping[str, Mapping[str, Sequence[str]]], lookup: FakeLookup | None = None, **policy: object
 ) -> SyncPlan:
+    """The decision for SPOT_CTR: :func:`plan_sync` itself, or (NRI mode) the whole NRI path
+    through the chain, whose Devices modifier calls it."""
+    if MODE.value == "nri":
+        overrides = {k: tuple(v) for k, v in policy.items()}  # type: ignore[call-overload]
+        _, ctx = engine(lookup or standard_lookup(), **overrides).modify(spot_spec(sources))
+        assert ctx.sync is not None
+        return ctx.sync.plan
     request = parse_devices_from(devices_from(sources))
     effective = dataclasses.replace(POLICY, **policy)  # type: ignore[arg-type]
     return plan_sync(request, SPOT_CTR, lookup or standard_lookup(), effective, default_providers())

@@ -19,11 +19,12 @@ from spotgpu.adapters.devnode_gpu import DeviceNode, DeviceNodeBackend
 from spotgpu.adapters.kubelet import PodResourcesView
 from spotgpu.agent.node_ports import GpuBackend, UtilizationReader
 from spotgpu.agent.ports import GuardPort, KubePort
-from spotgpu.agent.service import Agent, RuntimeServiceFactory
+from spotgpu.agent.service import Agent, RuntimeHost, RuntimeServiceFactory
 from spotgpu.core.clock import Clock
 from spotgpu.core.config import AgentConfig, GpuBackendKind, UtilizationSource
 from spotgpu.core.ids import DeviceID, NodeName
 from spotgpu.core.refs import ContainerRef
+from spotgpu.nri.config import NriConfig
 from spotgpu.runtime.config import RuntimeConfig
 from spotgpu.runtime.service import RuntimeService
 
@@ -52,18 +53,23 @@ def make_utilization(config: AgentConfig, metrics: AgentMetrics) -> UtilizationR
     return ExporterUtilization(exporters, on_error=metrics.collector_error)
 
 
-def runtime_service_factory(config: AgentConfig, runtime: RuntimeConfig) -> RuntimeServiceFactory:
+def runtime_service_factory(
+    config: AgentConfig, runtime: RuntimeConfig, nri: NriConfig | None = None
+) -> RuntimeServiceFactory:
     """spotgpu-runtime's service as the agent hosts it: the agent's paths, its owner lookup, and
     our own device plugins' sockets (exclusive twins and shared replicas) left out of the
-    runtime's device plugin probing."""
+    runtime's device plugin probing; with ``nri.enabled`` also the NRI plugin (NRI mode)."""
+    sockets = (config.plugin_socket_name, config.shared_plugin_socket_name)
 
-    def make(agent: Agent) -> RuntimeService:
+    def make(agent: Agent) -> RuntimeHost:
+        if nri is not None and nri.enabled:
+            from spotgpu.nri.service import NriRuntimeService
+
+            return NriRuntimeService.for_agent(
+                config, runtime, nri, owner_of=agent.owner_of, own_plugin_sockets=sockets, lendable=agent.lendable
+            )
         return RuntimeService.for_agent(
-            config,
-            runtime,
-            owner_of=agent.owner_of,
-            own_plugin_sockets=(config.plugin_socket_name, config.shared_plugin_socket_name),
-            lendable=agent.lendable,
+            config, runtime, owner_of=agent.owner_of, own_plugin_sockets=sockets, lendable=agent.lendable
         )
 
     return make
@@ -79,9 +85,11 @@ def build_agent(
     clock: Clock | None = None,
     runtime: RuntimeConfig | None = None,
     metrics: AgentMetrics | None = None,
+    nri: NriConfig | None = None,
 ) -> Agent:
     """An agent with the real node adapters the configuration names, hosting spotgpu-runtime's
-    service configured by ``runtime`` (None: no service, e.g. a node without the runtime).
+    service configured by ``runtime`` (None: no service, e.g. a node without the runtime), in NRI
+    mode when ``nri.enabled``.
 
     Pass ``metrics`` when something else must share its registry (the guard's metrics)."""
     metrics = metrics or AgentMetrics()
@@ -96,7 +104,7 @@ def build_agent(
         utilization=make_utilization(config, metrics),
         clock=clock,
         metrics=metrics,
-        runtime_service=runtime_service_factory(config, runtime) if runtime is not None else None,
+        runtime_service=runtime_service_factory(config, runtime, nri) if runtime is not None else None,
         owner_record=runtime.with_agent(config).owner_state_file
         if runtime is not None and runtime.fallback == "local"
         else None,

@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.adapters.deviceplugin import DevicePluginServer, TwinDevice
@@ -77,7 +77,6 @@ from spotgpu.core.mapping_cache import DeviceEntry, MappingSnapshot, Owner, Owne
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health
 from spotgpu.runtime.ownerstate import write_owner_state
-from spotgpu.runtime.service import RuntimeService
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +102,21 @@ ALLOCATE_REFRESH_DELAY = 0.5
 right after our answer; a short delay lets a pod's other containers be admitted first)."""
 """Evictions kept for ``/debug/state``."""
 
-RuntimeServiceFactory = Callable[["Agent"], RuntimeService]
+
+class RuntimeHost(Protocol):
+    """spotgpu-runtime's service as the agent hosts it: :class:`~spotgpu.runtime.service.RuntimeService`, or
+    in NRI mode :class:`spotgpu.nri.service.NriRuntimeService`."""
+
+    def start(self) -> object: ...
+
+    def stop(self) -> None: ...
+
+    def counts(self) -> dict[str, int]: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
+RuntimeServiceFactory = Callable[["Agent"], RuntimeHost]
 """Builds spotgpu-runtime's service around the agent's lookups (:meth:`Agent.owner_of`,
 :meth:`Agent.lendable`)."""
 
@@ -213,7 +226,7 @@ class Agent:
                 )
         self._refresh_wanted = threading.Event()
         self._runtime_factory = runtime_service
-        self.runtime_service: RuntimeService | None = None
+        self.runtime_service: RuntimeHost | None = None
         self.owner_record = owner_record
         """Where the runtime's ``local`` fallback reads owners (None: no fallback, no file)."""
         self._owner_record_written: MappingSnapshot | None = None
@@ -326,8 +339,7 @@ class Agent:
         if self._runtime_factory is not None:
             self.runtime_service = self._runtime_factory(self)
             self.runtime_service.start()
-            engine = self.runtime_service.engine
-            self.metrics.watch_runtime(engine.counts)
+            self.metrics.watch_runtime(self.runtime_service.counts)
         for plugin in self.plugins.values():
             plugin.start()
         if serve_metrics:
@@ -580,10 +592,10 @@ class Agent:
                 for g in self.solver.grants()
             ],
             "guard": guard,
-            "runtime": service.engine.counts() if service is not None else None,
+            "runtime": service.status() if service is not None else None,
             "evictions": evictions,
             "monotonic": self.clock.monotonic(),
         }
 
 
-__all__ = ["Agent", "BackendUtilization", "CycleReport", "RuntimeServiceFactory"]
+__all__ = ["Agent", "BackendUtilization", "CycleReport", "RuntimeHost", "RuntimeServiceFactory"]

@@ -1,5 +1,8 @@
 """``spotgpu bench runtime --json``: what spotgpu-runtime adds to container creation and kill (root).
 
+With ``--cri [--containerd 1.6|2.2] [--mode wrapper|nri]`` the figures are taken through the
+real CRI instead (:mod:`spotgpu.bench.runtime_cri`); what follows is the ``ctr run`` baseline.
+
 Side effects: a private containerd (root, state and socket in a temporary directory), a
 stand-in GPU device node, the kubelet doubles (pod-resources and an NVIDIA-like device plugin,
 real gRPC on unix sockets) and the runtime service in this process, as the agent would host it;
@@ -88,6 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "a negative value shields the measurement from unrelated load on a shared machine",
     )
     parser.add_argument("--json", action="store_true", help="print only the JSON object (one line)")
+    parser.add_argument(
+        "--cri",
+        action="store_true",
+        help="through the real CRI: CreateContainer+StartContainer as the kubelet calls them",
+    )
+    parser.add_argument("--containerd", choices=["1.6", "2.2"], default="1.6", help="with --cri (default 1.6)")
+    parser.add_argument("--mode", choices=["wrapper", "nri"], default="wrapper", help="with --cri (default wrapper)")
 
 
 def _spot_annotations() -> dict[str, str]:
@@ -142,11 +152,11 @@ class _Bench:
             self.daemon.ctr("containers", "delete", cid, check=False)
 
 
-def _median(values: list[float]) -> float:
+def median_ms(values: list[float]) -> float:
     return round(statistics.median(values), 2)
 
 
-def _spread(values: list[float]) -> float:
+def iqr_ms(values: list[float]) -> float:
     """Interquartile range: how noisy one variant's samples were."""
     if len(values) < 4:
         return 0.0
@@ -164,7 +174,7 @@ def per_call_added_ms(shim: str, lower: str, calls: int = 100) -> float:
             subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
             times.append((time.perf_counter() - start) * 1000)
         diffs.append(times[1] - times[0])
-    return _median(diffs)
+    return median_ms(diffs)
 
 
 def _python_every_verb(dest: Path, lower: str, agent_socket: Path) -> Path:
@@ -256,11 +266,11 @@ def measure(base: Path, runs: int, warmup: int, extra: bool) -> dict[str, Any]:
                 bench.channel.close()
         finally:
             lookup.close()
-    medians = {name: _median(values) for name, values in samples.items()}
+    medians = {name: median_ms(values) for name, values in samples.items()}
 
     def added(name: str, base: str = "plain") -> float:
         """Median of the per-round differences (paired: drift within a round cancels)."""
-        return _median([a - b for a, b in zip(samples[name], samples[base], strict=True)])
+        return median_ms([a - b for a, b in zip(samples[name], samples[base], strict=True)])
 
     result: dict[str, Any] = {
         "plain_ms_median": medians["plain"],
@@ -273,7 +283,7 @@ def measure(base: Path, runs: int, warmup: int, extra: bool) -> dict[str, Any]:
         "runs": runs,
         "targets": TARGETS,
         "medians_ms": medians,
-        "iqr_ms": {name: _spread(values) for name, values in samples.items()},
+        "iqr_ms": {name: iqr_ms(values) for name, values in samples.items()},
         "load_average_1m": round(os.getloadavg()[0], 2),
         "niceness": os.nice(0),
     }
@@ -281,10 +291,17 @@ def measure(base: Path, runs: int, warmup: int, extra: bool) -> dict[str, Any]:
         result["sync_local_added_ms"] = added("sync_local")
         result["python_every_verb_added_ms"] = added("python_every_verb")
     result["meets_targets"] = {k: result[k] <= v for k, v in TARGETS.items()}
+    from spotgpu.bench.runtime_cri import environment
+
+    result["environment"] = environment()
     return result
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.cri:
+        from spotgpu.bench import runtime_cri
+
+        return runtime_cri.run(args)
     missing = [p for p in ("runc", "containerd", "ctr") if shutil.which(p) is None]
     if os.geteuid() != 0 or missing or not Path("/bin/busybox").exists():
         print(
@@ -303,4 +320,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["TARGETS", "add_arguments", "measure", "run"]
+__all__ = ["TARGETS", "add_arguments", "iqr_ms", "measure", "median_ms", "run"]

@@ -4,7 +4,8 @@ Side effects: everything the agent does (device plugin socket, spotgpu-runtime's
 socket, the guard, metrics port, containerd and Kubernetes API calls). The configuration is the
 ``agent`` section of FILE (:class:`~spotgpu.core.config.AgentConfig`) and its ``runtime``
 section (:class:`~spotgpu.runtime.config.RuntimeConfig`, defaults when absent) for the
-runtime service the agent hosts; ``--check`` validates both and exits.
+runtime service the agent hosts, and its ``nri`` section (:class:`~spotgpu.nri.config.NriConfig`)
+for NRI mode; ``--check`` validates them and exits.
 """
 
 from __future__ import annotations
@@ -71,11 +72,13 @@ def served(config: AgentConfig) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from spotgpu.nri.config import load_nri_config
     from spotgpu.runtime.config import load_runtime_config
 
     try:
         config = load_yaml_file(args.config, AgentConfig, section="agent")
         runtime = load_runtime_config(args.config)
+        nri = load_nri_config(args.config)
     except ConfigError as exc:
         print(f"spotgpu agent: {exc}", file=sys.stderr)
         return 2
@@ -84,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
         print("spotgpu agent: no node name: set agent.nodeName, --node or $NODE_NAME", file=sys.stderr)
         return 2
     if args.check:
-        print(f"configuration OK for node {node}; serves {served(config)}")
+        mode = f"NRI on {nri.socket_path} and the wrapper's socket" if nri.enabled else "the wrapper's socket"
+        print(f"configuration OK for node {node}; serves {served(config)}; spotgpu-runtime through {mode}")
         return 0
     from spotgpu.adapters.agent_metrics import AgentMetrics
     from spotgpu.agent.build import build_agent
@@ -101,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             guard_factory=guard_factory(config, metrics.registry),
             runtime=runtime,
             metrics=metrics,
+            nri=nri,
         )
     except SpotgpuError as exc:
         print(f"spotgpu agent: cannot start: {exc}", file=sys.stderr)

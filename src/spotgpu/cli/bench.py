@@ -17,7 +17,7 @@ from spotgpu.cli import CommandModule
 BENCHMARKS: dict[str, str] = {
     "scheduler": "one scheduling cycle on a synthetic cluster: throughput, victim selection, memory",
     "agent": "owner-busy to all spot tasks stopped, through a real containerd (root)",
-    "runtime": "spotgpu-runtime's added latency on ctr run / kill (root)",
+    "runtime": "spotgpu-runtime's added latency on ctr run / kill, or through CRI with --cri (root)",
     "guard": "the return guard's cost per ioctl, notifications per session, release latency (root)",
 }
 

@@ -35,6 +35,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-inactive", type=float, default=1.0, help="agent maxInactiveTime, s (default 1)")
     parser.add_argument("--fail-open", type=float, default=5.0, help="guard failOpenTimeout, s (default 5)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, specs) and print its path")
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument(
+        "--cri",
+        dest="launcher",
+        action="store_const",
+        const="cri",
+        default="cri",
+        help="pods through the kubelet CRI double and containerd's CRI plugin (default)",
+    )
+    how.add_argument(
+        "--ctr", dest="launcher", action="store_const", const="ctr", help="containers through ctr run (a baseline)"
+    )
+    parser.add_argument(
+        "--containerd",
+        choices=["1.6", "2.2"],
+        default="1.6",
+        help="Debian's containerd 1.6 or containerd 2.2.7 ($SPOTGPU_CONTAINERD22 or ../shared/bin) (default 1.6)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=["wrapper", "nri"],
+        default="wrapper",
+        help="spotgpu-runtime as the containerd runtime handler, or the agent's NRI plugin (2.2) (default wrapper)",
+    )
 
 
 def _check_machine() -> str | None:
@@ -46,13 +70,30 @@ def _check_machine() -> str | None:
     return None
 
 
+def _invalid(args: argparse.Namespace) -> str | None:
+    """What is wrong with the options (None: nothing)."""
+    if args.cycles < 0 or args.spot_containers < 1 or args.gpus < 1:
+        return "--cycles >= 0, --spot-containers >= 1 and --gpus >= 1"
+    if args.launcher == "ctr" and (args.containerd != "1.6" or args.mode != "wrapper"):
+        return "--ctr runs containerd 1.6 in wrapper mode only"
+    if args.mode == "nri" and args.containerd == "1.6":
+        return "containerd 1.6 has no NRI: --mode nri needs --containerd 2.2"
+    if args.containerd == "2.2":
+        from spotgpu.testing.cri_containerd import ENV_CONTAINERD22, containerd22_folder
+
+        if containerd22_folder() is None:
+            return f"containerd 2.2.7 not found (set ${ENV_CONTAINERD22})"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     problem = _check_machine()
     if problem:
         print(f"spotgpu node-e2e: {problem}", file=sys.stderr)
         return 2
-    if args.cycles < 0 or args.spot_containers < 1 or args.gpus < 1:
-        print("spotgpu node-e2e: --cycles >= 0, --spot-containers >= 1 and --gpus >= 1", file=sys.stderr)
+    invalid = _invalid(args)
+    if invalid:
+        print(f"spotgpu node-e2e: {invalid}", file=sys.stderr)
         return 2
     from spotgpu.e2e.faults import run_faults
     from spotgpu.e2e.node import Node, NodeSettings
@@ -65,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
         detect_interval=args.detect_interval,
         max_inactive_time=args.max_inactive,
         fail_open_timeout=args.fail_open,
+        launcher=args.launcher,
+        containerd=args.containerd,
+        mode=args.mode,
     )
 
     def say(line: str) -> None:
@@ -91,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         node.close()
     result["wall_s"] = round(time.monotonic() - began, 1)
+    result["node"] = {"launcher": args.launcher, "containerd": args.containerd, "mode": args.mode}
     result["load_average_1m"] = round(os.getloadavg()[0], 2)
     ok = "error" not in result and result["leaked_containers"] == 0 and result["owner_errors"] == 0
     ok = ok and not result.get("problems") and result.get("faults_passed", True)

@@ -9,10 +9,11 @@ One cycle (:meth:`Run.cycle`):
 1. the owner uses its GPUs (holds them open), then closes them: idle from then on. The agent
    lends them after ``maxInactiveTime``: ``lend_detect_s`` is the time from the owner closing
    its GPUs to every twin Healthy in the kubelet double's ``ListAndWatch`` list;
-2. N spot pods start, each through the kubelet double (Allocate of one twin), pod-resources
-   and spotgpu-runtime (device sync of the owner's GPU): ``spot_start_ms`` per container, from
-   the Allocate call to ``ctr run`` returning with the task started; each must then hold its
-   synced GPU open (proof that the sync happened);
+2. N spot pods start, each as the kubelet starts it (its sandbox, Allocate of one twin, the
+   pod-resources grant, CreateContainer and StartContainer through CRI, spotgpu-runtime's device
+   sync of the owner's GPU in the wrapper or the NRI plugin): ``spot_start_ms`` per container,
+   from the pod's creation to its container started (``--ctr``: ``ctr run`` instead of the CRI
+   calls); each must then hold its synced GPU open (proof that the sync happened);
 3. the owner starts a GPU session at once (no waiting for the agent to notice the spot pods):
    the guard holds the call, the agent evicts, the call returns: ``return_hold_ms`` is the
    call's duration inside the owner container;

@@ -33,7 +33,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from spotgpu.core.config import AgentConfig
 from spotgpu.core.errors import TemporaryError
@@ -152,6 +152,14 @@ class RuntimeService:
         if self._lookup is not None:
             self._lookup.close()
             self._lookup = None
+
+    def counts(self) -> dict[str, int]:
+        """The engine's answers by ``status`` or ``status:reason`` (the agent's metrics)."""
+        return self.engine.counts()
+
+    def status(self) -> dict[str, Any]:
+        """For the agent's ``/debug/state``."""
+        return {"answers": self.counts()}
 
     def __enter__(self) -> Self:
         return self.start()

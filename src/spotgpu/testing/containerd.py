@@ -134,20 +134,35 @@ class Containerd:
     serves.
     """
 
+    containerd_binary = "containerd"
+    ctr_binary = "ctr"
+
     def __init__(self, base: Path) -> None:
         self.base = base
         self.address = str(base / "containerd.sock")
         self._proc: subprocess.Popen[bytes] | None = None
         self._log = base / "containerd.log"
 
+    def config(self) -> str:
+        """The daemon's ``config.toml`` (subclasses: a CRI-enabled one)."""
+        return _CONFIG.format(root=self.base / "root", state=self.base / "state", address=self.address)
+
+    def environment(self) -> dict[str, str] | None:
+        """The daemon's environment (None: inherit ours)."""
+        return None
+
     # -- life cycle ------------------------------------------------------------------------
     def start(self, timeout: float = 20.0) -> Containerd:
         self.base.mkdir(parents=True, exist_ok=True)
         config = self.base / "config.toml"
-        config.write_text(_CONFIG.format(root=self.base / "root", state=self.base / "state", address=self.address))
+        config.write_text(self.config())
         with self._log.open("ab") as log:
             self._proc = subprocess.Popen(
-                ["containerd", "--config", str(config)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                [self.containerd_binary, "--config", str(config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=self.environment(),
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -203,7 +218,7 @@ class Containerd:
     ) -> subprocess.CompletedProcess[str]:
         """Run ``ctr`` against this instance; ``check`` raises with ctr's stderr on failure."""
         proc = subprocess.run(
-            ["ctr", "--address", self.address, "--namespace", namespace, *args],
+            [self.ctr_binary, "--address", self.address, "--namespace", namespace, *args],
             capture_output=True,
             text=True,
             timeout=timeout,

@@ -34,7 +34,9 @@ class VendorPluginDouble(Server):
 
     ``Allocate`` answers each container request with ``NVIDIA_VISIBLE_DEVICES`` (or
     ``env_name``) listing the IDs, one ``DeviceSpec`` per device (``rw``), the extra ``mounts``,
-    and ``annotations``; an unknown ID fails the call with NVIDIA's message. ``register`` sends
+    and ``annotations``; an unknown ID fails the call with NVIDIA's message. ``cdi_devices`` adds
+    each device's CDI name (``nvidia.com/gpu=<id>``); ``cdi_only`` answers with the CDI names
+    alone (NVIDIA's plugin with ``DEVICE_LIST_STRATEGY=cdi-cri``). ``register`` sends
     a registration to the kubelet double, as a real plugin does.
     """
 
@@ -48,6 +50,9 @@ class VendorPluginDouble(Server):
         env_name: str = "NVIDIA_VISIBLE_DEVICES",
         mounts: Sequence[tuple[str, str, bool]] = (),
         annotations: Mapping[str, str] | None = None,
+        cdi_devices: bool = False,
+        cdi_only: bool = False,
+        extra_devices: Sequence[tuple[str, str]] = (),
     ) -> None:
         domain, _, short = resource.partition("/")
         name = socket_name or f"{domain.partition('.')[0]}-{short}.sock"
@@ -58,6 +63,10 @@ class VendorPluginDouble(Server):
         self.env_name = env_name
         self.mounts = list(mounts)
         self.annotations = dict(annotations or {})
+        self.cdi_devices = cdi_devices or cdi_only
+        self.cdi_only = cdi_only
+        self.extra_devices = list(extra_devices)
+        """(container path, host path) given with every allocation (NVIDIA's control devices)."""
         self.allocate_calls: list[list[list[str]]] = []
         self._lock = threading.Lock()
 
@@ -77,18 +86,27 @@ class VendorPluginDouble(Server):
                 timeout=10,
             )
 
+    def cdi_name(self, device_id: str) -> str:
+        """The fully qualified CDI name of a device (``<vendor>/<class>=<id>``, the resource's)."""
+        return f"{self.resource}={device_id}"
+
     def container_response(self, ids: Sequence[str]) -> dp.ContainerAllocateResponse:
         unknown = [i for i in ids if i not in self.devices]
         if unknown:
             raise KeyError(f'invalid allocation request for "{self.resource}": unknown device: {unknown[0]}')
+        cdi = [dp.CDIDevice(name=self.cdi_name(i)) for i in ids] if self.cdi_devices else []
+        if self.cdi_only:
+            return dp.ContainerAllocateResponse(cdi_devices=cdi)
         return dp.ContainerAllocateResponse(
+            cdi_devices=cdi,
             envs={self.env_name: ",".join(ids)},
             devices=[
                 dp.DeviceSpec(
                     container_path=self.devices[i].container_path, host_path=self.devices[i].host_path, permissions="rw"
                 )
                 for i in ids
-            ],
+            ]
+            + [dp.DeviceSpec(container_path=c, host_path=h, permissions="rw") for c, h in self.extra_devices],
             mounts=[dp.Mount(container_path=c, host_path=h, read_only=ro) for c, h, ro in self.mounts],
             annotations=self.annotations,
         )

@@ -22,6 +22,17 @@ true
 {{- end -}}
 {{- end -}}
 
+{{/* "true" in NRI mode (agent.runtime.mode: nri); fails on anything but wrapper or nri. */}}
+{{- define "spotgpu.nriMode" -}}
+{{- $mode := .Values.agent.runtime.mode | default "wrapper" -}}
+{{- if not (or (eq $mode "wrapper") (eq $mode "nri")) -}}
+{{- fail (printf "agent.runtime.mode: %q must be wrapper or nri" $mode) -}}
+{{- end -}}
+{{- if eq $mode "nri" -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/*
 agent.config.guard.handoverTimeout in whole seconds (60 or "60s"; default 60, as GuardConfig's).
 The holder's terminationGracePeriodSeconds is derived from it, so anything else is refused.
@@ -59,6 +70,9 @@ runtime:
   podResourcesSocket: {{ .Values.agent.hostPaths.podResources }}/kubelet.sock
   guardEnabled: {{ if include "spotgpu.guardEnabled" . }}true{{ else }}false{{ end }}
   guardListenerPath: {{ $listener }}
+nri:
+  enabled: {{ if include "spotgpu.nriMode" . }}true{{ else }}false{{ end }}
+  socketPath: {{ .Values.agent.hostPaths.nri }}/nri.sock
 agent:
   {{- toYaml .Values.agent.config | nindent 2 }}
   devicePluginDir: {{ .Values.agent.hostPaths.devicePlugins }}
