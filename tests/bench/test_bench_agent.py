@@ -34,6 +34,8 @@ def test_bench_agent_measures_every_combination(capsys: pytest.CaptureFixture[st
         assert c["detect_cycle_cpu_ms"] > 0
         assert c["targets"] == bars(count, load) and set(c["met"]) == set(c["targets"])
     assert result["environment"]["background_load"] == [0, 1]
+    assert "2 containers, background load 0: hold_ms_p99" in result["met"]
+    assert result["all_met"] == all(result["met"].values())
     assert "eviction_ms_p50" not in result  # only a single combination repeats its figures at the top
 
 
