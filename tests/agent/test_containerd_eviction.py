@@ -117,32 +117,45 @@ def eventually_stopped(node: Node, cid: str, timeout: float = 10.0) -> None:
 
 def test_stop_tasks_sigkill_and_wait(node: Node) -> None:
     for i in range(3):
-        node.run(f"victim-{i}", hold(node.gpus[0]), PodRef("spot", f"v{i}"))
+        node.run(f"victim-{i}", "exec sleep 1000", PodRef("spot", f"v{i}"))
     results = node.tasks.stop_tasks(["victim-0", "victim-1", "victim-2", "no-such"], grace=0, timeout=10)
     by_id = {r.container_id: r for r in results}
-    assert not DeviceNodeBackend([DeviceNode(DeviceID("GPU-0"), str(node.gpus[0]), 0, 0)]).processes()["GPU-0"]
     for i in range(3):
-        # verified by the init's pidfd (its PID namespace's init: the whole container is gone)
-        assert by_id[f"victim-{i}"] == TaskStopResult(f"victim-{i}", TaskState.STOPPED, None, "init exited", 9)
-        eventually_stopped(node, f"victim-{i}")
+        assert by_id[f"victim-{i}"].state is TaskState.STOPPED
+        assert by_id[f"victim-{i}"].exit_status == 137  # 128 + SIGKILL
+        assert node.status(f"victim-{i}") == "STOPPED"
     assert by_id["no-such"].state is TaskState.GONE
     again = node.tasks.stop_tasks(["victim-0"], grace=0, timeout=5)  # idempotent
     assert again[0].state is TaskState.STOPPED
 
 
-def test_stop_tasks_verified_by_containerd_wait(node: Node) -> None:
-    """``verify_by_pidfd=False`` (the path before): every stop is containerd's Wait answer."""
-    node.run("victim", "exec sleep 1000", PodRef("spot", "v"))
-    tasks = ContainerdTasks(node.containerd.address, NS, verify_by_pidfd=False)
+@pytest.fixture
+def pidfd_tasks(node: Node) -> Iterator[ContainerdTasks]:
+    tasks = ContainerdTasks(node.containerd.address, NS, verify_by_pidfd=True)
     try:
-        [result] = tasks.stop_tasks(["victim"], grace=0, timeout=10)
+        yield tasks
     finally:
         tasks.close()
-    assert (result.state, result.exit_status, result.signal_sent) == (TaskState.STOPPED, 137, 9)  # 128 + SIGKILL
-    assert node.status("victim") == "STOPPED"
 
 
-def test_a_container_sharing_its_pods_pid_namespace_is_verified_by_wait_and_killed_whole(node: Node) -> None:
+def test_stop_tasks_verified_by_the_inits_pidfd(node: Node, pidfd_tasks: ContainerdTasks) -> None:
+    """``verify_by_pidfd``: each init is PID 1 of its namespace, so its pidfd turning readable
+    proves the container gone (its GPU closed) before containerd has heard of it."""
+    for i in range(3):
+        node.run(f"victim-{i}", hold(node.gpus[0]), PodRef("spot", f"v{i}"))
+    results = pidfd_tasks.stop_tasks(["victim-0", "victim-1", "victim-2", "no-such"], grace=0, timeout=10)
+    by_id = {r.container_id: r for r in results}
+    assert not DeviceNodeBackend([DeviceNode(DeviceID("GPU-0"), str(node.gpus[0]), 0, 0)]).processes()["GPU-0"]
+    for i in range(3):
+        assert by_id[f"victim-{i}"] == TaskStopResult(f"victim-{i}", TaskState.STOPPED, None, "init exited", 9)
+        eventually_stopped(node, f"victim-{i}")
+    assert by_id["no-such"].state is TaskState.GONE
+    assert pidfd_tasks.stop_tasks(["victim-0"], grace=0, timeout=5)[0].state is TaskState.STOPPED  # idempotent
+
+
+def test_a_container_sharing_its_pods_pid_namespace_is_verified_by_wait_and_killed_whole(
+    node: Node, pidfd_tasks: ContainerdTasks
+) -> None:
     """``shareProcessNamespace``: the container's init is not PID 1 of its namespace (the pod's
     pause is), so its exit would leave its children running: the stop is not taken from the
     init's pidfd, and containerd's Kill(all) ends the child too."""
@@ -156,7 +169,7 @@ def test_a_container_sharing_its_pods_pid_namespace_is_verified_by_wait_and_kill
         extra=["--with-ns", f"pid:/proc/{pause}/ns/pid"],
     )
     child = wait_for_process("sleep 1000")
-    [result] = node.tasks.stop_tasks(["worker"], grace=0, timeout=10)
+    [result] = pidfd_tasks.stop_tasks(["worker"], grace=0, timeout=10)
     assert (result.state, result.exit_status, result.detail) == (TaskState.STOPPED, 137, "")
     fd = os.pidfd_open(child)
     try:
@@ -218,8 +231,7 @@ def test_owner_back_really_stops_spot_tasks_and_owner_processes_are_attributed(t
         wait_holders(agent.backend, "GPU-1", 2)
         report = agent.detect_once()
         assert report.events and agent.solver.state().lend_states[OWNER] is LendState.ACTIVE
-        eventually_stopped(node, "spot-a")
-        eventually_stopped(node, "spot-b")
+        assert node.status("spot-a") == "STOPPED" and node.status("spot-b") == "STOPPED"
         assert node.status("owner") == "RUNNING"
         assert {d.pod for d in kube.deletes} == {spot_a, spot_b}
         assert guard.calls == [("arm", OWNER), ("disarm", OWNER)]
@@ -249,10 +261,9 @@ def test_guard_signal_evicts_eight_containers_quickly(tmp_path: Path, node: Node
         outcome = agent.solver.owner_back(OWNER)
         assert outcome is not None and not outcome.failed_tasks
         assert sorted(outcome.plan.container_ids) == sorted(f"spot-{i}" for i in range(8))
-        assert not agent.backend.processes()[DeviceID("GPU-0")]
-        assert not agent.backend.processes()[DeviceID("GPU-1")]
         for i in range(8):
-            eventually_stopped(node, f"spot-{i}")
+            assert node.status(f"spot-{i}") == "STOPPED"
+        assert not agent.backend.processes()[DeviceID("GPU-0")]
         assert not guard.is_armed(OWNER)
         # a generous bound: the benchmark measures the real figure
         assert outcome.stop_latency < 5.0
