@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import select
 import stat
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from spotgpu.adapters.containerd import ContainerdTasks
 from spotgpu.adapters.devnode_gpu import DeviceNode, DeviceNodeBackend
 from spotgpu.agent.fakes import FakeGuard, FakeKube, FakePodResources
 from spotgpu.agent.model import LendState
-from spotgpu.agent.node_ports import TaskState
+from spotgpu.agent.node_ports import TaskState, TaskStopResult
 from spotgpu.agent.ports import PodInfo
 from spotgpu.agent.service import Agent
 from spotgpu.core.clock import ManualClock
@@ -45,7 +46,7 @@ class Node:
     gpus: list[Path]
     tasks: ContainerdTasks
 
-    def run(self, cid: str, script: str, pod_ref: PodRef, container: str = "worker") -> None:
+    def run(self, cid: str, script: str, pod_ref: PodRef, container: str = "worker", extra: Sequence[str] = ()) -> None:
         self.containerd.run_detached(
             cid,
             self.rootfs,
@@ -53,6 +54,7 @@ class Node:
             namespace=NS,
             labels=cri_labels(pod_ref, container),
             devices=[str(g) for g in self.gpus],
+            extra=extra,
         )
 
     def status(self, cid: str) -> str | None:
@@ -82,10 +84,34 @@ def hold(gpu: Path, then: str = "exec sleep 1000") -> str:
     return f"exec 3<>{gpu}; {then}"
 
 
+def wait_for_process(cmdline: str) -> int:
+    """The host PID of the one process whose command line is ``cmdline``."""
+    wanted = cmdline.replace(" ", "\0").encode() + b"\0"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if (entry / "cmdline").read_bytes() == wanted:
+                        return int(entry.name)
+                except OSError:
+                    continue
+        time.sleep(0.02)
+    raise AssertionError(f"no process {cmdline!r}")
+
+
 def wait_holders(backend: DeviceNodeBackend, device: str, count: int) -> None:
     deadline = time.monotonic() + 10
     while len(backend.processes()[DeviceID(device)]) < count:
         assert time.monotonic() < deadline, f"{count} processes never held {device}"
+        time.sleep(0.02)
+
+
+def eventually_stopped(node: Node, cid: str, timeout: float = 10.0) -> None:
+    """containerd learns of an exit from the shim a moment after the kernel saw it."""
+    deadline = time.monotonic() + timeout
+    while node.status(cid) != "STOPPED":
+        assert time.monotonic() < deadline, f"containerd never reported {cid} stopped"
         time.sleep(0.02)
 
 
@@ -103,16 +129,54 @@ def test_stop_tasks_sigkill_and_wait(node: Node) -> None:
     assert again[0].state is TaskState.STOPPED
 
 
-def test_sigterm_grace_then_sigkill(node: Node) -> None:
-    node.run("polite", "trap 'exit 3' TERM; while true; do sleep 0.05; done", PodRef("spot", "polite"))
-    node.run("stubborn", "exec sleep 1000", PodRef("spot", "stubborn"))  # PID 1 ignores SIGTERM
-    time.sleep(0.3)  # let the shell install its trap
-    start = time.monotonic()
-    results = {r.container_id: r for r in node.tasks.stop_tasks(["polite", "stubborn"], grace=1.0, timeout=10)}
-    elapsed = time.monotonic() - start
-    assert results["polite"].exit_status == 3 and results["polite"].signal_sent == 15
-    assert results["stubborn"].exit_status == 137 and results["stubborn"].signal_sent == 9
-    assert 0.9 <= elapsed < 8
+@pytest.fixture
+def pidfd_tasks(node: Node) -> Iterator[ContainerdTasks]:
+    tasks = ContainerdTasks(node.containerd.address, NS, verify_by_pidfd=True)
+    try:
+        yield tasks
+    finally:
+        tasks.close()
+
+
+def test_stop_tasks_verified_by_the_inits_pidfd(node: Node, pidfd_tasks: ContainerdTasks) -> None:
+    """``verify_by_pidfd``: each init is PID 1 of its namespace, so its pidfd turning readable
+    proves the container gone (its GPU closed) before containerd has heard of it."""
+    for i in range(3):
+        node.run(f"victim-{i}", hold(node.gpus[0]), PodRef("spot", f"v{i}"))
+    results = pidfd_tasks.stop_tasks(["victim-0", "victim-1", "victim-2", "no-such"], grace=0, timeout=10)
+    by_id = {r.container_id: r for r in results}
+    assert not DeviceNodeBackend([DeviceNode(DeviceID("GPU-0"), str(node.gpus[0]), 0, 0)]).processes()["GPU-0"]
+    for i in range(3):
+        assert by_id[f"victim-{i}"] == TaskStopResult(f"victim-{i}", TaskState.STOPPED, None, "init exited", 9)
+        eventually_stopped(node, f"victim-{i}")
+    assert by_id["no-such"].state is TaskState.GONE
+    assert pidfd_tasks.stop_tasks(["victim-0"], grace=0, timeout=5)[0].state is TaskState.STOPPED  # idempotent
+
+
+def test_a_container_sharing_its_pods_pid_namespace_is_verified_by_wait_and_killed_whole(
+    node: Node, pidfd_tasks: ContainerdTasks
+) -> None:
+    """``shareProcessNamespace``: the container's init is not PID 1 of its namespace (the pod's
+    pause is), so its exit would leave its children running: the stop is not taken from the
+    init's pidfd, and containerd's Kill(all) ends the child too."""
+    node.run("pause", "exec sleep 999", PodRef("spot", "shared"), container="POD")
+    pause = node.tasks.init_pid("pause")
+    assert pause is not None
+    node.run(
+        "worker",
+        "sleep 1000 & exec sleep 1001",
+        PodRef("spot", "shared"),
+        extra=["--with-ns", f"pid:/proc/{pause}/ns/pid"],
+    )
+    child = wait_for_process("sleep 1000")
+    [result] = pidfd_tasks.stop_tasks(["worker"], grace=0, timeout=10)
+    assert (result.state, result.exit_status, result.detail) == (TaskState.STOPPED, 137, "")
+    fd = os.pidfd_open(child)
+    try:
+        assert select.select([fd], [], [], 10)[0], "the init's child outlived the stop"
+    finally:
+        os.close(fd)
+    assert node.status("pause") == "RUNNING"
 
 
 def make_agent(tmp_path: Path, node: Node, kube: FakeKube, podres: FakePodResources, guard: FakeGuard) -> Agent:

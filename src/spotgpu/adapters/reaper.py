@@ -15,13 +15,12 @@ host's PID namespace (the agent runs with ``hostPID``).
 from __future__ import annotations
 
 import os
-import select
 import signal
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spotgpu.adapters.pidkill import wait_exited
 from spotgpu.adapters.procattr import CgroupIdentity, read_cgroup
 
 Owner = Callable[[CgroupIdentity], str | None]
@@ -61,21 +60,12 @@ def kill_and_wait(
             continue
         pinned[fd] = (key, pid)
     result = Reaped()
-    alive = dict(pinned)
-    poller = select.poll()
-    for fd in alive:
-        poller.register(fd, select.POLLIN)
     try:
-        while alive:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            for fd, _ in poller.poll(remaining * 1000):
-                alive.pop(fd, None)
-                poller.unregister(fd)
+        seen = wait_exited(pinned, deadline)
     finally:
         for fd in pinned:
             os.close(fd)
+    alive = {fd: entry for fd, entry in pinned.items() if fd not in seen}
     for key, pid in pinned.values():
         result.killed.setdefault(key, []).append(pid)
     for key, pid in alive.values():

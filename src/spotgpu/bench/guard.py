@@ -28,6 +28,9 @@ sessions back to back: how long each handover took (the predecessor's request-to
 how many session calls ran meanwhile, how many failed (must be 0: an ENOSYS would mean a lost
 fd), and the slowest of them, next to the slowest call of a control phase in the same run (a
 Python process importing the holder is started beside the same load, without a handover).
+
+``--background-load N`` runs every phase beside N busy-loop processes (:mod:`spotgpu.bench.env`);
+``environment`` records it with the load average before and after, versions and revision.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -46,6 +48,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from spotgpu.bench import env
 
 TARGETS = {
     "unarmed_overhead_us_per_ioctl": 1.0,
@@ -61,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iterations", type=int, default=200, help="held-call releases to time (default 200)")
     parser.add_argument("--handovers", type=int, default=5, help="holder upgrades under load (default 5)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    env.add_arguments(parser)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -79,11 +84,20 @@ def run(args: argparse.Namespace) -> int:
 
     logging.getLogger("spotgpu.guard").setLevel(logging.WARNING)  # one line per held call otherwise
     base = Path(tempfile.mkdtemp(prefix="sgbench-", dir="/tmp"))
+    before = env.load_average()
     try:
         rootfs = make_rootfs(base / "rootfs", [(build_probe(base / "probe"), "/bin/guardprobe")])
-        result = _measure(base, rootfs, args)
+        with env.background_load(args.background_load):
+            result = _measure(base, rootfs, args)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+    result["environment"] = env.environment(
+        background_load=args.background_load,
+        load_before=before,
+        load_after=env.load_average(),
+        containerd_binaries=args.containerd_binary,
+        note="stand-in devices (no GPU); overhead is a paired difference measured in the same run",
+    )
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 1 if args.check and not all(result["met"].values()) else 0
 
@@ -233,12 +247,6 @@ def _measure(base: Path, rootfs: Path, args: argparse.Namespace) -> dict[str, An
             "trials": args.trials,
             "ioctls_per_trial": args.loop,
             "iterations": args.iterations,
-        },
-        "environment": {
-            "kernel": platform.release(),
-            "cpus": os.cpu_count(),
-            "python": sys.version.split()[0],
-            "note": "stand-in devices (no GPU); overhead is a paired difference measured in the same run",
         },
     }
 

@@ -31,7 +31,9 @@ cluster (every pool node carries spot work, so it must preempt), on an open sess
 ``--victim-repeats`` times (each run planned, then undone; the garbage collector paused as in a
 cycle; ``victim_selection_cpu_ms_p99`` is the CPU-time p99); ``victim_session_open_seconds`` is
 the one-off cost of checking and indexing that snapshot. ``peak_rss_mb`` is the process's peak
-resident memory (snapshot generation included).
+resident memory (snapshot generation included). ``--background-load N`` runs it all beside N
+busy-loop processes (:mod:`spotgpu.bench.env`); ``environment`` records that, the load average
+before and after, versions and the revision.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import sys
 import time
 from typing import Any, Final
 
+from spotgpu.bench import env
 from spotgpu.core.ids import SPOT_GPU_RESOURCE, DeviceID, NodeName
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import GPU_MILLI, Health, NodeStrategy, QueueType, SpotPriority
@@ -104,6 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--victim-repeats", type=int, default=200, help="victim-selection runs to time (default 200)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--profile", type=int, metavar="N", default=0, help="cProfile the cycle; top N to stderr")
+    env.add_arguments(parser)
 
 
 class _NodeDraft:
@@ -378,7 +382,12 @@ def run(args: argparse.Namespace) -> int:
     if not 0.0 <= args.shadow_reuse <= 1.0:
         print("spotgpu bench scheduler: --shadow-reuse must be between 0 and 1", file=sys.stderr)
         return 2
-    figures = measure(args)
+    before = env.load_average()
+    with env.background_load(args.background_load):
+        figures = measure(args)
+    figures["environment"] = env.environment(
+        background_load=args.background_load, load_before=before, load_after=env.load_average()
+    )
     if args.json:
         print(json.dumps(figures, sort_keys=False))
     else:

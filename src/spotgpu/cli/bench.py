@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "agent": "owner-busy to all spot tasks stopped, through a real containerd (root)",
     "runtime": "spotgpu-runtime's added latency on ctr run / kill, or through CRI with --cri (root)",
     "guard": "the return guard's cost per ioctl, notifications per session, release latency (root)",
+    "returnpath": "where an owner's hold goes under load, stage by stage; A/B of faster stops (root)",
 }
 
 

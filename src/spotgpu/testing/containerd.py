@@ -19,6 +19,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 
@@ -277,16 +278,27 @@ class Containerd:
 
     def remove_all(self, namespace: str = "default") -> None:
         """Kill and delete every task and container of ``namespace`` (best effort)."""
-        for cid in self.containers(namespace):
+        self.remove(self.containers(namespace), namespace)
+
+    def remove(self, container_ids: Sequence[str], namespace: str = "default", *, workers: int = 1) -> None:
+        """Kill and delete the tasks and containers ``container_ids`` (best effort), ``workers``
+        ``ctr`` processes at a time."""
+
+        def kill(cid: str) -> None:
             self.ctr("tasks", "kill", "-a", "-s", "SIGKILL", cid, namespace=namespace, check=False)
-        deadline = time.monotonic() + 10
-        for cid in self.containers(namespace):
+
+        def delete(cid: str) -> None:
             while time.monotonic() < deadline:
                 proc = self.ctr("tasks", "delete", "-f", cid, namespace=namespace, check=False)
                 if proc.returncode == 0 or "not found" in proc.stderr:
                     break
                 time.sleep(0.05)
             self.ctr("containers", "delete", cid, namespace=namespace, check=False)
+
+        with ThreadPoolExecutor(max(1, workers)) as pool:
+            list(pool.map(kill, container_ids))
+            deadline = time.monotonic() + 10
+            list(pool.map(delete, container_ids))
 
     def _kill_own_shims(self) -> None:
         """Shims outlive containerd by design; kill the ones started for this instance's socket."""

@@ -1,0 +1,61 @@
+"""``spotgpu bench agent`` and ``spotgpu bench returnpath`` through the real CLI at the smallest
+size (real containerd, busybox spot containers): every combination is measured and reported
+with its bars and the environment. No figure is asserted against a bar here (they belong to
+the benchmark, on a quiet machine)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spotgpu.bench.agent import bars
+from spotgpu.cli import main
+
+pytestmark = pytest.mark.root
+
+
+def test_bars_follow_issue_15() -> None:
+    assert bars(8, 0) == {"detect_cycle_cpu_ms": 5.0, "eviction_ms_p99": 30.0, "hold_ms_p99": 30.0}
+    assert bars(1, 2) == {"detect_cycle_cpu_ms": 5.0, "eviction_ms_p99": 50.0, "hold_ms_p99": 50.0}
+    assert bars(32, 2) == {"hold_ms_p99": 100.0}
+    assert bars(32, 0) == {} and bars(8, 4) == {"detect_cycle_cpu_ms": 5.0}
+
+
+def test_bench_agent_measures_every_combination(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["bench", "agent", "--containers", "1,2", "--background-load", "0,1", "--runs", "1"]
+    assert main([*args, "--cycles", "2", "--settle", "0", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    combos = {(c["containers"], c["background_load"]): c for c in result["combinations"]}
+    assert set(combos) == {(1, 0), (1, 1), (2, 0), (2, 1)}
+    for (count, load), c in combos.items():
+        assert c["runs"] == 1
+        assert 0 < c["eviction_ms_p50"] <= c["hold_ms_p50"] <= c["eviction_complete_ms_p50"]
+        assert c["detect_cycle_cpu_ms"] > 0
+        assert c["targets"] == bars(count, load) and set(c["met"]) == set(c["targets"])
+    assert result["environment"]["background_load"] == [0, 1]
+    assert "2 containers, background load 0: hold_ms_p99" in result["met"]
+    assert result["all_met"] == all(result["met"].values())
+    assert "eviction_ms_p50" not in result  # only a single combination repeats its figures at the top
+
+
+def test_bench_agent_single_combination_keeps_the_flat_figures(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "agent", "--containers", "1", "--runs", "1", "--cycles", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["containers"] == 1 and result["background_load"] == 0
+    assert result["met"] == result["combinations"][0]["met"]
+    for key in ("eviction_ms_p99", "hold_ms_p99", "detect_cycle_cpu_ms"):
+        assert key in result
+
+
+def test_bench_returnpath_reports_every_stage_for_every_variant(capsys: pytest.CaptureFixture[str]) -> None:
+    variants = "containerd,pidfd-pinned+rr,helper-pinned"
+    args = ["bench", "returnpath", "--containers", "1", "--background-load", "0", "--runs", "1"]
+    assert main([*args, "--variants", variants]) == 0
+    result = json.loads(capsys.readouterr().out)
+    cells = {c["variant"]: c for c in result["cells"]}
+    assert set(cells) == set(variants.split(","))
+    for cell in cells.values():
+        assert cell["n"] == 1 and set(cell["stages_p50"]) == set(result["stages"])
+        assert cell["hold"]["p50"] > 0 and cell["dead"]["p50"] > 0
+    assert cells["containerd"]["hold_ratio_to_baseline_paired_p50"] == 1.0
