@@ -56,16 +56,6 @@ from spotgpu.adapters.procattr import CgroupIdentity, ContainerRefPoint, Process
 from spotgpu.adapters.reaper import kill_and_wait
 from spotgpu.agent.detect import WatchedOwner, owner_samples, pids_on
 from spotgpu.agent.model import victim_container_ids
-from spotgpu.agent.node_ports import (
-    GpuBackend,
-    GpuDevice,
-    LendStore,
-    PidAttributor,
-    PodResourcesPort,
-    RuntimeContainer,
-    TaskPort,
-    UtilizationReader,
-)
 from spotgpu.agent.ports import GuardPort, KubePort, PodEvent, PodEventType, PodInfo
 from spotgpu.agent.solver import EvictionOutcome, Solver, SolverSettings
 from spotgpu.core.clock import Clock, SystemClock
@@ -76,6 +66,16 @@ from spotgpu.core.lending import Action
 from spotgpu.core.mapping_cache import DeviceEntry, MappingSnapshot, Owner, OwnerEntry
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health
+from spotgpu.ports.node import (
+    GpuBackend,
+    GpuDevice,
+    LendStore,
+    PidAttributor,
+    PodResourcesPort,
+    RuntimeContainer,
+    TaskPort,
+    UtilizationReader,
+)
 from spotgpu.runtime.ownerstate import write_owner_state
 
 log = logging.getLogger(__name__)

@@ -1,19 +1,32 @@
 """The solver's settings: one frozen record the coordinator and its executors read.
 
 Plain data; no side effects. Built by :class:`spotgpu.agent.service.Agent` from the agent's
-configuration (:class:`~spotgpu.core.config.AgentConfig`).
+configuration (:class:`~spotgpu.core.config.AgentConfig`). One of the agent's pure modules
+(``model``, ``steer``, ``detect``, ``settings``, ``ports``): an import-linter contract keeps
+adapters, gRPC, protobuf, Prometheus and NVML out of it and of everything it imports.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from spotgpu.agent.evictor import EvictionSettings
 from spotgpu.agent.steer import TwinPool, twin_pools
 from spotgpu.core import keys
 from spotgpu.core.config import LendingConfig
 from spotgpu.core.ids import NodeName, ResourceName
 from spotgpu.core.lending import LendRules
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionSettings:
+    """How an eviction stops spot tasks and how long it retries their pods' deletion."""
+
+    sigterm_grace: float = 0.0
+    stop_timeout: float = 10.0
+    """Longest wait for spot tasks to exit (after the grace)."""
+    delete_budget: float = 2.0
+    """Real seconds spent retrying pod deletions before they are left for
+    :meth:`~spotgpu.agent.evictor.Evictor.retry_pending`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,4 +71,4 @@ class SolverSettings:
         return EvictionSettings(self.sigterm_grace, self.stop_timeout, self.delete_budget)
 
 
-__all__ = ["SolverSettings"]
+__all__ = ["EvictionSettings", "SolverSettings"]

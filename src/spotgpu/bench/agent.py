@@ -37,15 +37,15 @@ from pathlib import Path
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.adapters.containerd import ContainerdTasks
 from spotgpu.adapters.devnode_gpu import DeviceNode, DeviceNodeBackend
-from spotgpu.agent.fakes import FakeGuard, FakeKube, FakePodResources
-from spotgpu.agent.node_ports import AllocatedDevices
 from spotgpu.agent.ports import ContainerInfo, PodInfo
 from spotgpu.agent.service import Agent
 from spotgpu.core import keys
 from spotgpu.core.config import AgentConfig, Seconds
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, DeviceID, NodeName, to_spot_id
 from spotgpu.core.refs import ContainerRef, PodRef
+from spotgpu.ports.node import AllocatedDevices
 from spotgpu.testing.containerd import Containerd, make_rootfs
+from spotgpu.testing.fakes import FakeGuard, FakeKube, FakePodResources
 
 NS = "spotgpu-bench"
 NODE = NodeName("bench-node")

@@ -3,7 +3,7 @@
 Side effects (root): builds the stand-in GPU client with gcc, runs runc containers and the fd
 holder under a private temporary directory, removes everything at the end. There is no GPU
 here: the owner's "GPU" is a set of stand-in devices with /dev/null's numbers, and the calls are
-NVIDIA-encoded ioctls (see :mod:`spotgpu.guard.standin`).
+NVIDIA-encoded ioctls (see :mod:`spotgpu.testing.standin`).
 
 Figures (one JSON object on stdout; ``details`` adds the per-profile and per-session numbers,
 the cost of one caught-and-continued session start for an owner that is not lent, and the
@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
     if os.geteuid() != 0 or shutil.which("runc") is None:
         print(json.dumps({"benchmark": "guard", "error": "needs root and runc"}))
         return 2
-    from spotgpu.guard.standin import build_probe
     from spotgpu.testing.containerd import make_rootfs
+    from spotgpu.testing.standin import build_probe
 
     logging.getLogger("spotgpu.guard").setLevel(logging.WARNING)  # one line per held call otherwise
     base = Path(tempfile.mkdtemp(prefix="sgbench-", dir="/tmp"))
@@ -93,10 +93,10 @@ def _measure(base: Path, rootfs: Path, args: argparse.Namespace) -> dict[str, An
 
     from spotgpu.core.config import GuardConfig
     from spotgpu.core.refs import ContainerRef
-    from spotgpu.guard import standin
     from spotgpu.guard.service import GuardService
     from spotgpu.guard.support import probe
-    from spotgpu.guard.testbed import HolderProcess, OwnerContainer, runtime_default_like
+    from spotgpu.testing import standin
+    from spotgpu.testing.guard_testbed import HolderProcess, OwnerContainer, runtime_default_like
 
     owner = ContainerRef("bench", "owner-0", "main")
     second = ContainerRef("bench", "owner-1", "main")
@@ -253,8 +253,8 @@ def _handovers_under_load(base: Path, ruled: Any, holders: list[Any], count: int
     costs from CPU contention. ``holders`` gets every started holder (the caller kills them)."""
     import subprocess
 
-    from spotgpu.guard import standin
-    from spotgpu.guard.testbed import HolderProcess
+    from spotgpu.testing import standin
+    from spotgpu.testing.guard_testbed import HolderProcess
 
     stop = threading.Event()
     phase = ["control"]
