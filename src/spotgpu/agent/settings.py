@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from spotgpu.agent.steer import TwinPool, twin_pools
 from spotgpu.core import keys
-from spotgpu.core.config import LendingConfig
+from spotgpu.core.config import AgentConfig, LendingConfig
 from spotgpu.core.ids import NodeName, ResourceName
 from spotgpu.core.lending import LendRules
 
@@ -57,6 +57,22 @@ class SolverSettings:
     before ours does."""
     lending: LendingConfig = field(default_factory=LendingConfig)
     """The lending policy (``agent.lending``)."""
+
+    @classmethod
+    def from_config(cls, config: AgentConfig, node: NodeName) -> SolverSettings:
+        """The settings the agent on ``node`` runs with (the rest keep their defaults)."""
+        return cls(
+            node=node,
+            gpu_resource=config.gpu_resource,
+            spot_resource=config.spot_resource,
+            max_inactive_time=config.max_inactive_time,
+            lending=config.lending,
+            sigterm_grace=config.sigterm_grace,
+            stop_timeout=config.eviction_timeout,
+            twin_replicas=config.twin_replicas,
+            shared_replicas=config.shared_replicas,
+            shadow_namespace=config.shadow_namespace,
+        )
 
     @property
     def pools(self) -> tuple[TwinPool, ...]:
