@@ -395,17 +395,20 @@ def prefer(
         if not rest:
             break
         chosen.append(min(rest, key=fallback_key))
+    return Preference(tuple(chosen[:size]), candidate, steered, _why(candidate, steered, candidates, size))
+
+
+def _why(candidate: Candidate | None, steered: bool, candidates: Sequence[Candidate], size: int) -> str:
+    """The reason a :class:`Preference` gives for its answer."""
     if candidate is None:
         waiting = [c for c in candidates if c.size == size]
-        reason = (
+        return (
             f"no pod being admitted asks for {size} with assigned GPUs offered "
             f"({len(waiting)} candidate(s) of that size); deterministic choice"
         )
-    elif steered:
-        reason = f"steered to {', '.join(candidate.assigned)} assigned to {candidate.pod}/{candidate.container}"
-    else:
-        reason = f"{candidate.pod}/{candidate.container} asks for more than its assigned GPUs offer; filled up"
-    return Preference(tuple(chosen[:size]), candidate, steered, reason)
+    if steered:
+        return f"steered to {', '.join(candidate.assigned)} assigned to {candidate.pod}/{candidate.container}"
+    return f"{candidate.pod}/{candidate.container} asks for more than its assigned GPUs offer; filled up"
 
 
 def _covers(chosen: Sequence[DeviceID], real: DeviceID, twins: Mapping[DeviceID, DeviceID]) -> bool:
