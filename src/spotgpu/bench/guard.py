@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spotgpu.bench.agent import percentile  # the benchmarks' one nearest-rank percentile
 from spotgpu.core.refs import ContainerRef
 
 if TYPE_CHECKING:
@@ -70,13 +71,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iterations", type=int, default=200, help="held-call releases to time (default 200)")
     parser.add_argument("--handovers", type=int, default=5, help="holder upgrades under load (default 5)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
-    return ordered[rank - 1]
 
 
 def run(args: argparse.Namespace) -> int:
