@@ -49,6 +49,6 @@ echo "== ruff"
 echo "== mypy (strict)"
 .venv/bin/mypy
 echo "== import contracts"
-.venv/bin/lint-imports
+.venv/bin/lint-imports --no-cache  # the cache keys on mtimes and can miss a quick edit; the check takes well under a second
 echo "== pytest"
 .venv/bin/python -m pytest "$@"

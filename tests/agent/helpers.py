@@ -9,7 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
-from spotgpu.agent.fakes import (
+from spotgpu.agent.ports import ContainerInfo, PodEvent, PodEventType, PodInfo
+from spotgpu.agent.service import Agent, RuntimeServiceFactory
+from spotgpu.core import keys
+from spotgpu.core.clock import ManualClock
+from spotgpu.core.config import AgentConfig, LendingConfig, Seconds
+from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, DeviceID, NodeName, to_spot_id
+from spotgpu.core.refs import ContainerRef, PodRef
+from spotgpu.ports.node import AllocatedDevices, GpuDevice, LendStore
+from spotgpu.testing.fakes import (
     FakeAttributor,
     FakeGpuBackend,
     FakeGuard,
@@ -18,14 +26,6 @@ from spotgpu.agent.fakes import (
     FakeTasks,
     fake_devices,
 )
-from spotgpu.agent.node_ports import AllocatedDevices, GpuDevice, LendStore
-from spotgpu.agent.ports import ContainerInfo, PodEvent, PodEventType, PodInfo
-from spotgpu.agent.service import Agent, RuntimeServiceFactory
-from spotgpu.core import keys
-from spotgpu.core.clock import ManualClock
-from spotgpu.core.config import AgentConfig, LendingConfig, Seconds
-from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, DeviceID, NodeName, to_spot_id
-from spotgpu.core.refs import ContainerRef, PodRef
 
 NODE = NodeName("gpu-node-1")
 OWNER = ContainerRef("dev", "devbox", "main")

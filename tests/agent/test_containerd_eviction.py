@@ -21,9 +21,7 @@ import pytest
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.adapters.containerd import ContainerdTasks
 from spotgpu.adapters.devnode_gpu import DeviceNode, DeviceNodeBackend
-from spotgpu.agent.fakes import FakeGuard, FakeKube, FakePodResources
 from spotgpu.agent.model import LendState
-from spotgpu.agent.node_ports import TaskState, TaskStopResult
 from spotgpu.agent.ports import PodInfo
 from spotgpu.agent.service import Agent
 from spotgpu.core.clock import ManualClock
@@ -31,7 +29,9 @@ from spotgpu.core.config import AgentConfig, Seconds
 from spotgpu.core.ids import DeviceID
 from spotgpu.core.refs import PodRef
 from spotgpu.e2e.node import remove_cgroup_tree
+from spotgpu.ports.node import TaskState, TaskStopResult
 from spotgpu.testing.containerd import Containerd, make_rootfs
+from spotgpu.testing.fakes import FakeGuard, FakeKube, FakePodResources
 
 from .helpers import NODE, OWNER, cri_labels, gpu_alloc, pod, spot_alloc
 

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.adapters.exporters import VENDOR_MODULES, adapter, load_adapters
 from spotgpu.adapters.exporters.scrape import Exporter, ExporterUtilization, convert_text
-from spotgpu.agent.node_ports import GpuDevice
 from spotgpu.core.ids import DeviceID
+from spotgpu.ports.node import GpuDevice
 
 DATA = Path(__file__).parent / "data" / "exporters"
 

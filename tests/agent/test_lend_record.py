@@ -13,13 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spotgpu.adapters.agent_state import LendStateFile, decode, encode
-from spotgpu.agent.fakes import FakeLendStore
 from spotgpu.agent.model import LendState
-from spotgpu.agent.node_ports import LearnedOwner, LentOwner
 from spotgpu.agent.ports import PodEvent, PodEventType
 from spotgpu.core.errors import ValidationError
 from spotgpu.core.ids import DeviceID
 from spotgpu.core.refs import ContainerRef
+from spotgpu.ports.node import LearnedOwner, LentOwner
+from spotgpu.testing.fakes import FakeLendStore
 
 from .helpers import OWNER, Rig, make_rig, pod
 

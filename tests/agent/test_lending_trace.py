@@ -20,10 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spotgpu.agent.fakes import FakeLendStore
 from spotgpu.core.config import LendingConfig, LendPolicyKind, PredictiveConfig, Seconds, UnguardedPolicy
 from spotgpu.core.lending import Action, Evict, LendRules
 from spotgpu.sim.lending import OwnerAgent
+from spotgpu.testing.fakes import FakeLendStore
 
 from .helpers import OWNER, Rig, make_rig
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from spotgpu.agent.fakes import fake_devices
 from spotgpu.agent.model import build_mapping, real_of_twin, twin_ids
-from spotgpu.agent.node_ports import AllocatedDevices, GpuDevice
 from spotgpu.core import keys
 from spotgpu.core.config import AgentConfig, ConfigError
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, DeviceID
 from spotgpu.core.refs import PodRef
+from spotgpu.ports.node import AllocatedDevices, GpuDevice
+from spotgpu.testing.fakes import fake_devices
 from spotgpu.testing.kubelet import KubeletDouble
 
 from .helpers import OWNER, Rig, gpu_alloc, make_rig, pod

@@ -11,12 +11,12 @@ import json
 import threading
 from pathlib import Path
 
-from spotgpu.agent.fakes import FakeGuard
 from spotgpu.agent.model import LendState
 from spotgpu.core import keys
 from spotgpu.core.config import LendingConfig, UnguardedPolicy
 from spotgpu.core.refs import PodRef
 from spotgpu.core.types import EvictionReason, Health
+from spotgpu.testing.fakes import FakeGuard
 
 from .helpers import NODE, OWNER, Rig, cri_labels, gpu_alloc, make_rig, pod
 

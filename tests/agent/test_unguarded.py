@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spotgpu.agent.fakes import FakeGuard, FakeLendStore
 from spotgpu.agent.model import LendState
 from spotgpu.core import keys
 from spotgpu.core.config import LendingConfig, UnguardedPolicy
 from spotgpu.core.types import EvictionReason, Health
+from spotgpu.testing.fakes import FakeGuard, FakeLendStore
 
 from .helpers import NODE, OWNER, Rig, make_rig, pod
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
-from spotgpu.agent.fakes import FakeGuard
 from spotgpu.agent.model import LendState
 from spotgpu.agent.service import Agent
 from spotgpu.cli.agent import guard_factory
@@ -26,6 +25,7 @@ from spotgpu.runtime import protocol
 from spotgpu.runtime.config import RuntimeConfig
 from spotgpu.runtime.ownerstate import read_owner_state
 from spotgpu.runtime.service import RuntimeService
+from spotgpu.testing.fakes import FakeGuard
 
 from .helpers import OWNER, Rig, cri_labels, make_rig, pod, spot_alloc
 

@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry
 from spotgpu.core.config import GuardConfig, Seconds
 from spotgpu.core.refs import ContainerRef
 from spotgpu.guard.service import GuardService
-from spotgpu.guard.standin import build_probe
 from spotgpu.guard.support import probe
 from spotgpu.testing.containerd import make_rootfs
+from spotgpu.testing.standin import build_probe
 
 from .harness import GuardProcess, HolderProcess, OwnerContainer
 

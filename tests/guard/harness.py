@@ -1,5 +1,5 @@
 """Test harness for the return guard: the guard as a separate process (so tests can SIGKILL
-it), on top of :mod:`spotgpu.guard.testbed` (runc owner containers, the fd holder process).
+it), on top of :mod:`spotgpu.testing.guard_testbed` (runc owner containers, the fd holder process).
 
 Everything lives under one short private directory per test (unix socket paths are limited
 to 108 bytes, pytest's tmp_path can be longer); every process started here is killed and every
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spotgpu.guard.testbed import HolderProcess, Lines, OwnerContainer
+from spotgpu.testing.guard_testbed import HolderProcess, Lines, OwnerContainer
 
 HERE = Path(__file__).parent
 GUARD_PROC = HERE / "guard_proc.py"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spotgpu.guard import standin
 from spotgpu.guard.gpucheck import count
+from spotgpu.testing import standin
 
 
 def test_count_runs_a_command_under_the_rule_and_counts_what_it_catches(probe_binary: Path) -> None:

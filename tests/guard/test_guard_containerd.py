@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from spotgpu.guard import standin
+from spotgpu.testing import standin
 from spotgpu.testing.containerd import Containerd
 
 from .conftest import OWNER, Node, OwnerBacks

@@ -15,9 +15,10 @@ import time
 
 import pytest
 
-from spotgpu.guard import protocol, seccomp, standin
+from spotgpu.guard import protocol, seccomp
 from spotgpu.guard.protocol import Op
 from spotgpu.guard.rule import listener_ready
+from spotgpu.testing import standin
 
 from .conftest import OWNER, Node
 from .harness import QUICK_S, assert_quick, wait_log

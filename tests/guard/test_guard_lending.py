@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
-from spotgpu.agent.fakes import FakeAttributor, FakeGpuBackend, FakeKube, FakePodResources, FakeTasks, fake_devices
-from spotgpu.agent.node_ports import AllocatedDevices
 from spotgpu.agent.ports import ContainerInfo, PodInfo
 from spotgpu.agent.service import Agent
 from spotgpu.core.clock import ManualClock
@@ -22,6 +20,8 @@ from spotgpu.core.config import AgentConfig, Seconds
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, NodeName
 from spotgpu.core.lending import LendState
 from spotgpu.core.refs import ContainerRef
+from spotgpu.ports.node import AllocatedDevices
+from spotgpu.testing.fakes import FakeAttributor, FakeGpuBackend, FakeKube, FakePodResources, FakeTasks, fake_devices
 
 from .conftest import OTHER, OWNER, Node
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from spotgpu.guard import standin
+from spotgpu.testing import standin
 
 from .conftest import OWNER, Node, OwnerBacks
 

@@ -17,10 +17,11 @@ import time
 
 import pytest
 
-from spotgpu.guard import protocol, standin
+from spotgpu.guard import protocol
 from spotgpu.guard.protocol import Op
 from spotgpu.guard.rule import listener_ready
-from spotgpu.guard.testbed import HolderProcess, OwnerContainer
+from spotgpu.testing import standin
+from spotgpu.testing.guard_testbed import HolderProcess, OwnerContainer
 
 from .conftest import OTHER, OWNER, Node, OwnerBacks
 from .harness import QUICK_S, GuardProcess, assert_quick, wait_log

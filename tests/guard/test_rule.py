@@ -29,7 +29,7 @@ from spotgpu.guard.rule import (
     listener_ready,
     parse_listener_metadata,
 )
-from spotgpu.guard.testbed import runtime_default_like
+from spotgpu.testing.guard_testbed import runtime_default_like
 
 OWNER = ContainerRef("team-a", "dev-0", "main")
 LISTENER = "/run/spotgpu/guard.sock"

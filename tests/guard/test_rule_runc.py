@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from spotgpu.guard import standin
-from spotgpu.guard.testbed import runtime_default_like
+from spotgpu.testing import standin
+from spotgpu.testing.guard_testbed import runtime_default_like
 
 from .conftest import OWNER, Node, OwnerBacks
 

@@ -14,11 +14,12 @@ from prometheus_client import CollectorRegistry
 
 from spotgpu.core.clock import ManualClock
 from spotgpu.core.config import GuardConfig
-from spotgpu.guard import protocol, standin
+from spotgpu.guard import protocol
 from spotgpu.guard.holder import FdHolder
 from spotgpu.guard.protocol import Op
 from spotgpu.guard.service import GuardService
 from spotgpu.guard.support import GuardSupport
+from spotgpu.testing import standin
 
 from .conftest import OWNER, Node
 

@@ -815,10 +815,10 @@ def test_the_deployed_holder_upgrades_by_surge_and_is_removed_last(short_dir: Pa
     pod's grace period ends, and the guarded owner's next session start fails with ENOSYS (what
     docs/deploy.md tells operators to avoid by restarting such owners first)."""
     from spotgpu.core.refs import ContainerRef
-    from spotgpu.guard import standin
     from spotgpu.guard.rule import listener_ready
-    from spotgpu.guard.testbed import OwnerContainer
+    from spotgpu.testing import standin
     from spotgpu.testing.containerd import make_rootfs
+    from spotgpu.testing.guard_testbed import OwnerContainer
 
     handover = 3
     runc = shutil.which("runc")

@@ -14,8 +14,9 @@ from spotgpu.core import keys
 from spotgpu.core.errors import ValidationError
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health, NodeStrategy, QueueType, SpotPriority
+from spotgpu.kube.nodestate import parse_node_state
 from spotgpu.kube.objects import container_requests, quantity
-from spotgpu.kube.snapshot import build_snapshot, parse_node_state
+from spotgpu.kube.snapshot import build_snapshot
 from spotgpu.scheduler.model import GPURequest, Nomination
 
 CRD = f"{keys.API_GROUP}/v1alpha1"

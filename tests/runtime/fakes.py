@@ -1,8 +1,8 @@
 """In-memory implementations of the runtime's ports, and builders for specs and scenarios.
 
-:class:`FakeLookup` implements :class:`~spotgpu.runtime.lookup.NodeLookup` (a kubelet view, an
+:class:`FakeLookup` implements :class:`~spotgpu.ports.lookup.NodeLookup` (a kubelet view, an
 owner record and an NVIDIA-like device plugin that answers like the vendor plugin double);
-:class:`FakeHost` implements :class:`~spotgpu.runtime.lookup.HostPort`. They are fakes of our
+:class:`FakeHost` implements :class:`~spotgpu.ports.lookup.HostPort`. They are fakes of our
 own Protocols, not mocks: they hold state and answer from it.
 """
 
@@ -20,9 +20,7 @@ from spotgpu.core.errors import PermanentError
 from spotgpu.core.ids import DeviceID, ResourceName
 from spotgpu.core.mapping_cache import IDLE_SPACE, Owner
 from spotgpu.core.refs import ContainerRef
-from spotgpu.runtime.config import RuntimeConfig
-from spotgpu.runtime.engine import SpecEngine
-from spotgpu.runtime.lookup import (
+from spotgpu.ports.lookup import (
     Allocation,
     ContainerAssignment,
     DeviceGroup,
@@ -31,6 +29,8 @@ from spotgpu.runtime.lookup import (
     MountSpec,
     PodAssignment,
 )
+from spotgpu.runtime.config import RuntimeConfig
+from spotgpu.runtime.engine import SpecEngine
 from spotgpu.runtime.modifiers import GuardFunctions
 from spotgpu.testing.kubelet import ContainerDevices, ContainerResources, PodResources
 

@@ -19,9 +19,9 @@ from spotgpu.core import keys
 from spotgpu.core.errors import PermanentError, TemporaryError
 from spotgpu.core.ids import DeviceID, ResourceName
 from spotgpu.core.mapping_cache import MappingCache
+from spotgpu.ports.lookup import ContainerAssignment, DeviceGroup, DeviceNodeSpec, MountSpec, PodAssignment
 from spotgpu.runtime.config import RuntimeConfig
 from spotgpu.runtime.engine import SpecEngine
-from spotgpu.runtime.lookup import ContainerAssignment, DeviceGroup, DeviceNodeSpec, MountSpec, PodAssignment
 from spotgpu.runtime.node import KubeletNodeLookup, LinuxHost
 from spotgpu.testing.kubelet import (
     ContainerDevices,

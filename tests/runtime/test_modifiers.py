@@ -19,7 +19,7 @@ from spotgpu.core.errors import TemporaryError
 from spotgpu.core.mapping_cache import IDLE_SPACE
 from spotgpu.core.refs import ContainerRef
 from spotgpu.nri.adjust import NotExpressible
-from spotgpu.runtime.lookup import MountSpec
+from spotgpu.ports.lookup import MountSpec
 from spotgpu.runtime.modifiers.devices import CDI_ANNOTATION, AllocationError
 from spotgpu.runtime.modifiers.generic import GenericEnvError
 from spotgpu.runtime.spec import SpecError

@@ -15,7 +15,7 @@ from spotgpu.core.refs import ContainerRef
 from spotgpu.nri.config import NriConfig
 from spotgpu.nri.host import NriRuntime
 from spotgpu.nri.transport import FAILED_PRECONDITION, PERMISSION_DENIED, UNAVAILABLE, RpcError
-from spotgpu.runtime.lookup import PodAssignment
+from spotgpu.ports.lookup import PodAssignment
 
 from .fakes import NS, OWNER, SPOT_CTR, FakeGuard, FakeLookup, devices_from, engine, standard_lookup
 

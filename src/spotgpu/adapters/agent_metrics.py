@@ -63,7 +63,17 @@ class AgentMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
+        self._add_eviction_metrics(self.registry)
+        self._add_gpu_use_metrics(self.registry)
+        self._add_failure_metrics(self.registry)
+        self._add_steering_metrics(self.registry)
+        self._add_lending_metrics(self.registry)
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: Thread | None = None
+        self._runtime: _RuntimeAnswers | None = None
+
+    def _add_eviction_metrics(self, r: CollectorRegistry) -> None:
+        """Evictions and how long they take."""
         self.evictions = Counter(
             "spotgpu_agent_evictions_total", "Spot pods evicted", ["reason", "namespace"], registry=r
         )
@@ -81,6 +91,9 @@ class AgentMetrics:
             buckets=_EVICTION_BUCKETS,
             registry=r,
         )
+
+    def _add_gpu_use_metrics(self, r: CollectorRegistry) -> None:
+        """Lent and spot GPU time, twin health, owners by lending state."""
         self.lent_gpu_seconds = Counter(
             "spotgpu_agent_lent_gpu_seconds_total", "Seconds GPUs of idle owners were lent", registry=r
         )
@@ -89,6 +102,9 @@ class AgentMetrics:
         )
         self.twin_healthy = Gauge("spotgpu_agent_twin_healthy", "1 when the twin is Healthy", ["device"], registry=r)
         self.owners = Gauge("spotgpu_agent_owners", "Owner containers by lending state", ["state"], registry=r)
+
+    def _add_failure_metrics(self, r: CollectorRegistry) -> None:
+        """Detection, collection, task-stop and pod-delete failures; the detection cycle's time."""
         self.detector_errors = Counter(
             "spotgpu_agent_detector_errors_total", "Detection failures (treated as activity)", ["kind"], registry=r
         )
@@ -107,6 +123,9 @@ class AgentMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
             registry=r,
         )
+
+    def _add_steering_metrics(self, r: CollectorRegistry) -> None:
+        """GetPreferredAllocation and Allocate against the scheduler's choice (:mod:`spotgpu.agent.steer`)."""
         self.preferred_allocations = Counter(
             "spotgpu_agent_preferred_allocations_total",
             "GetPreferredAllocation answers: steered to the scheduler's GPUs or the fallback choice",
@@ -125,6 +144,9 @@ class AgentMetrics:
             ["resource"],
             registry=r,
         )
+
+    def _add_lending_metrics(self, r: CollectorRegistry) -> None:
+        """Owners not lent and why, unguarded owners, forged ShadowPods (:mod:`spotgpu.core.lending`)."""
         self.not_lent = Counter(
             "spotgpu_agent_not_lent_total",
             "Idle owners not lent (once per idle period and reason): unguarded, forecast, backoff",
@@ -141,9 +163,6 @@ class AgentMetrics:
             "Pods holding GPUs on this node that claim to be ShadowPods but are not (treated as owners)",
             registry=r,
         )
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: Thread | None = None
-        self._runtime: _RuntimeAnswers | None = None
 
     # -- updates used by the solver ----------------------------------------------------------
     def set_health(self, health: Mapping[str, bool]) -> None:

@@ -35,11 +35,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from spotgpu.agent.node_ports import LearnedOwner, LentOwner
 from spotgpu.core.errors import TemporaryError, ValidationError
 from spotgpu.core.idle_forecast import decode_history, encode_history
 from spotgpu.core.ids import validate_device_id
 from spotgpu.core.refs import ContainerRef
+from spotgpu.ports.node import LearnedOwner, LentOwner
 from spotgpu.util.fileio import write_atomic
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def _lent(i: int, raw: object) -> LentOwner:
 
 
 class LendStateFile:
-    """A :class:`~spotgpu.agent.node_ports.LendStore` in one JSON file (see module docstring)."""
+    """A :class:`~spotgpu.ports.node.LendStore` in one JSON file (see module docstring)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -44,9 +44,9 @@ from spotgpu.adapters.proto import containerd_containers_pb2_grpc as cpb_grpc
 from spotgpu.adapters.proto import containerd_tasks_pb2 as tpb
 from spotgpu.adapters.proto import containerd_tasks_pb2_grpc as tpb_grpc
 from spotgpu.adapters.reaper import kill_and_wait
-from spotgpu.agent.node_ports import RuntimeContainer, TaskState, TaskStopResult
 from spotgpu.core import keys
 from spotgpu.core.errors import PermanentError, TemporaryError
+from spotgpu.ports.node import RuntimeContainer, TaskState, TaskStopResult
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def _namespace_init(pidfd: int) -> bool:
 
 
 class ContainerdTasks:
-    """A :class:`~spotgpu.agent.node_ports.TaskPort` on a containerd socket and namespace."""
+    """A :class:`~spotgpu.ports.node.TaskPort` on a containerd socket and namespace."""
 
     def __init__(
         self,

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from spotgpu.agent.node_ports import GpuDevice, GpuProcess
 from spotgpu.core.ids import DeviceID, validate_device_id
+from spotgpu.ports.node import GpuDevice, GpuProcess
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,7 @@ class DeviceNode:
 
 
 class DeviceNodeBackend:
-    """A :class:`~spotgpu.agent.node_ports.GpuBackend` over device nodes (see module docstring)."""
+    """A :class:`~spotgpu.ports.node.GpuBackend` over device nodes (see module docstring)."""
 
     name = "devnode"
 

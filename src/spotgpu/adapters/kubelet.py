@@ -9,7 +9,7 @@ that directory when a plugin's socket must be found.
   the ``KubeletPodResourcesGet`` gate), falling back to ``List`` when ``Get`` is unimplemented
   or disabled (remembered, so the next call goes to ``List`` directly), and the node's
   allocatable devices with their NUMA topology. For the agent
-  (:class:`~spotgpu.agent.node_ports.PodResourcesPort`): every active pod's assignments as
+  (:class:`~spotgpu.ports.node.PodResourcesPort`): every active pod's assignments as
   :class:`~spotgpu.core.allocations.AllocatedDevices` rows (``List``). Mount the socket's
   *directory* (a kubelet restart re-creates the socket; protocols.md 2.3); the kubelet
   rate-limits the API to 100 calls/s (burst 10), far above what the agent (one ``List`` per
@@ -52,7 +52,7 @@ from spotgpu.core.allocations import AllocatedDevices
 from spotgpu.core.errors import PermanentError, TemporaryError, ValidationError
 from spotgpu.core.ids import DeviceID, ResourceName
 from spotgpu.core.refs import PodRef
-from spotgpu.runtime.lookup import (
+from spotgpu.ports.lookup import (
     Allocation,
     ContainerAssignment,
     DeviceGroup,
@@ -195,7 +195,7 @@ class PodResourcesView:
 
     def list(self, timeout: float | None = None) -> builtins.list[AllocatedDevices]:
         """Every active pod's device assignments, one row per container and resource (the
-        agent's :class:`~spotgpu.agent.node_ports.PodResourcesPort`). Pods whose names are not
+        agent's :class:`~spotgpu.ports.node.PodResourcesPort`). Pods whose names are not
         valid references are skipped with a warning; they cannot hold our devices."""
         rows: builtins.list[AllocatedDevices] = []
         for pod in self.list_pods(timeout):

@@ -29,9 +29,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from spotgpu.agent.node_ports import GpuDevice, GpuProcess
 from spotgpu.core.errors import TemporaryError
 from spotgpu.core.ids import DeviceID
+from spotgpu.ports.node import GpuDevice, GpuProcess
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def _sysfs_numa(bus_id: str, sys_root: Path) -> int | None:
 
 
 class NvmlBackend:
-    """A :class:`~spotgpu.agent.node_ports.GpuBackend` on NVML (see module docstring).
+    """A :class:`~spotgpu.ports.node.GpuBackend` on NVML (see module docstring).
 
     ``nvml`` is the ``pynvml`` module (injectable); ``sys_root`` is where sysfs is mounted.
     """

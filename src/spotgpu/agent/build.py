@@ -17,7 +17,6 @@ from spotgpu.adapters.agent_state import LendStateFile
 from spotgpu.adapters.containerd import ContainerdTasks
 from spotgpu.adapters.devnode_gpu import DeviceNode, DeviceNodeBackend
 from spotgpu.adapters.kubelet import PodResourcesView
-from spotgpu.agent.node_ports import GpuBackend, UtilizationReader
 from spotgpu.agent.ports import GuardPort, KubePort
 from spotgpu.agent.service import Agent, RuntimeHost, RuntimeServiceFactory
 from spotgpu.core.clock import Clock
@@ -25,6 +24,7 @@ from spotgpu.core.config import AgentConfig, GpuBackendKind, UtilizationSource
 from spotgpu.core.ids import DeviceID, NodeName
 from spotgpu.core.refs import ContainerRef
 from spotgpu.nri.config import NriConfig
+from spotgpu.ports.node import GpuBackend, UtilizationReader
 from spotgpu.runtime.config import RuntimeConfig
 from spotgpu.runtime.service import RuntimeService
 

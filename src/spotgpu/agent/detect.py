@@ -2,6 +2,9 @@
 
 Pure; no I/O. The agent measures (GPU backend processes and utilization, process attribution)
 and calls :func:`owner_samples`; the simulator can build the same inputs from its model.
+One of the agent's pure modules (``model``, ``steer``, ``detect``, ``settings``, ``ports``): an
+import-linter contract keeps adapters, gRPC, protobuf, Prometheus and NVML out of it and of
+everything it imports.
 
 Rules:
 

@@ -35,14 +35,15 @@ from dataclasses import dataclass, replace
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.agent.model import EvictionPlan, runtime_container_ids
-from spotgpu.agent.node_ports import RuntimeContainer, TaskPort, TaskState
 from spotgpu.agent.ports import KubePort
+from spotgpu.agent.settings import EvictionSettings
 from spotgpu.core.clock import Clock, Timer
 from spotgpu.core.errors import SpotgpuError, TemporaryError
 from spotgpu.core.ids import DeviceID
 from spotgpu.core.mapping_cache import MappingCache
 from spotgpu.core.refs import PodRef
 from spotgpu.core.types import EvictionReason
+from spotgpu.ports.node import RuntimeContainer, TaskPort, TaskState
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +51,6 @@ SweepFn = Callable[[tuple[DeviceID, ...], Sequence[PodRef]], tuple[int, int]]
 """Kills what still runs on the devices for the pods; returns (killed, still running)."""
 ReleaseFn = Callable[[], float]
 """Releases the plan's owner; returns when it did (monotonic seconds)."""
-
-
-@dataclass(frozen=True, slots=True)
-class EvictionSettings:
-    sigterm_grace: float = 0.0
-    stop_timeout: float = 10.0
-    """Longest wait for spot tasks to exit (after the grace)."""
-    delete_budget: float = 2.0
-    """Real seconds spent retrying pod deletions before they are left for :meth:`Evictor.retry_pending`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,4 +297,4 @@ class Evictor:
                 del self._pending_deletes[pod]
 
 
-__all__ = ["EvictionOutcome", "EvictionSettings", "Evictor", "ReleaseFn", "SweepFn"]
+__all__ = ["EvictionOutcome", "Evictor", "ReleaseFn", "SweepFn"]

@@ -4,6 +4,9 @@ No decisions and no side effects beyond reading under the solver's lock (and the
 agent wires in). :class:`SolverLookups` is the base of :class:`spotgpu.agent.solver.Solver`:
 the device plugin's, spotgpu-runtime's, the CLI's and the tests' questions, kept apart from
 the coordination.
+
+Not one of the agent's pure modules: it reads live state (the allocator's grants, the
+publisher's twins, which record metrics), so it belongs with the solver.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from dataclasses import dataclass, field
 
 from spotgpu.agent.allocator import Allocator, Grant
 from spotgpu.agent.model import Sources, device_index, pending_shadows
-from spotgpu.agent.node_ports import GpuDevice
 from spotgpu.agent.ports import PodInfo
 from spotgpu.agent.publisher import Publisher
 from spotgpu.agent.settings import SolverSettings
@@ -23,6 +25,7 @@ from spotgpu.core.lending import LendState, OwnerLending
 from spotgpu.core.mapping_cache import MappingCache, Owner
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health
+from spotgpu.ports.node import GpuDevice
 
 
 @dataclass

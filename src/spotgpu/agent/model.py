@@ -3,6 +3,9 @@
 Pure functions over plain data; no I/O, no clock reads, no locks. The agent process
 (:mod:`spotgpu.agent.solver`) calls them with what it measured and applies the returned plans
 through its ports; the simulator can call the same functions with its model's data.
+One of the agent's pure modules (``model``, ``steer``, ``detect``, ``settings``, ``ports``): an
+import-linter contract keeps adapters, gRPC, protobuf, Prometheus and NVML out of it and of
+everything it imports.
 
 Decisions made here:
 
@@ -31,7 +34,6 @@ import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from spotgpu.agent.node_ports import AllocatedDevices, GpuDevice, RuntimeContainer
 from spotgpu.agent.ports import PodInfo
 from spotgpu.core import keys
 from spotgpu.core.codec import DevicesFrom, SyncKind, SyncSource, devices_from_key, format_devices_from
@@ -49,6 +51,7 @@ from spotgpu.core.mapping_cache import IDLE_SPACE, DeviceEntry, MappingSnapshot,
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.shadow import ShadowCheck, ShadowClaim, check_shadow
 from spotgpu.core.types import EvictionReason, Health, OwnerState
+from spotgpu.ports.node import AllocatedDevices, GpuDevice, RuntimeContainer
 
 
 @dataclass(frozen=True, slots=True)

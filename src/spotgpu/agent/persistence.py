@@ -1,7 +1,7 @@
 """The persistence executor: the lending record as the solver reads it at recovery and writes it
 when it changed.
 
-Decides nothing. Side effects: the :class:`~spotgpu.agent.node_ports.LendStore` (a file, see
+Decides nothing. Side effects: the :class:`~spotgpu.ports.node.LendStore` (a file, see
 :mod:`spotgpu.adapters.agent_state`), a metric and a log line when a save fails.
 
 The record holds the lent owners (with wall-clock ``since``) and every current owner's learned
@@ -20,13 +20,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
-from spotgpu.agent.node_ports import LearnedOwner, LendStore, LentOwner
 from spotgpu.core.clock import Clock
 from spotgpu.core.errors import SpotgpuError
 from spotgpu.core.idle_forecast import Backoff
 from spotgpu.core.ids import DeviceID
 from spotgpu.core.mapping_cache import Owner
 from spotgpu.core.refs import ContainerRef, PodRef
+from spotgpu.ports.node import LearnedOwner, LendStore, LentOwner
 
 log = logging.getLogger(__name__)
 

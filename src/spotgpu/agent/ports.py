@@ -1,6 +1,9 @@
 """The agent's ports: the narrow interfaces through which its decisions reach the world.
 
-Protocols and plain data only; no side effects here. Implementations live at the edges:
+Protocols and plain data only; no side effects here. One of the agent's pure modules
+(``model``, ``steer``, ``detect``, ``settings``, ``ports``): an import-linter contract keeps
+adapters, gRPC, protobuf, Prometheus and NVML out of it and of everything it imports.
+Implementations live at the edges:
 
 * :class:`KubePort`: the Kubernetes API (real adapter in :mod:`spotgpu.kube`, an in-memory
   fake in tests, the HTTP API double in the node end-to-end harness).

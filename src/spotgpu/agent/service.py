@@ -2,7 +2,10 @@
 watch, the guard, spotgpu-runtime's service, metrics and the state dump.
 
 Decides nothing itself (decisions: :mod:`spotgpu.agent.model`, :mod:`spotgpu.agent.detect`,
-:mod:`spotgpu.core.lending`; coordination and execution: :mod:`spotgpu.agent.solver`).
+:mod:`spotgpu.core.lending`; coordination and execution: :mod:`spotgpu.agent.solver`). Its parts:
+the pod view (:mod:`spotgpu.agent.nodepods`), the measurements (:mod:`spotgpu.agent.measure`),
+the runtime fallback's owner record (:mod:`spotgpu.agent.owner_record`) and the state dump
+(:mod:`spotgpu.agent.debugstate`).
 Side effects: threads (detection loop, pod watch), the device plugin's gRPC server, the
 runtime service's unix socket, the metrics HTTP server (``/metrics``, ``/debug/state``), the
 owner record file of the runtime's ``local`` fallback, and calls through the ports it is given.
@@ -43,8 +46,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -52,13 +54,25 @@ from typing import Any, Protocol
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.adapters.deviceplugin import DevicePluginServer, TwinDevice
-from spotgpu.adapters.procattr import CgroupIdentity, ContainerRefPoint, ProcessAttributor
+from spotgpu.adapters.procattr import CgroupIdentity, ProcessAttributor
 from spotgpu.adapters.reaper import kill_and_wait
-from spotgpu.agent.detect import WatchedOwner, owner_samples, pids_on
+from spotgpu.agent.debugstate import EvictionLog, debug_state
+from spotgpu.agent.measure import REF_RETRY_INTERVAL, BackendUtilization, Measurer, ReferencePoints
 from spotgpu.agent.model import victim_container_ids
-from spotgpu.agent.node_ports import (
+from spotgpu.agent.nodepods import NodePods
+from spotgpu.agent.owner_record import OwnerRecord
+from spotgpu.agent.ports import GuardPort, KubePort, PodEvent
+from spotgpu.agent.solver import EvictionOutcome, Solver, SolverSettings
+from spotgpu.core.clock import Clock, SystemClock
+from spotgpu.core.config import AgentConfig
+from spotgpu.core.errors import SpotgpuError
+from spotgpu.core.ids import DeviceID, NodeName, ResourceName
+from spotgpu.core.lending import Action
+from spotgpu.core.mapping_cache import Owner
+from spotgpu.core.refs import ContainerRef, PodRef
+from spotgpu.core.types import Health
+from spotgpu.ports.node import (
     GpuBackend,
-    GpuDevice,
     LendStore,
     PidAttributor,
     PodResourcesPort,
@@ -66,27 +80,12 @@ from spotgpu.agent.node_ports import (
     TaskPort,
     UtilizationReader,
 )
-from spotgpu.agent.ports import GuardPort, KubePort, PodEvent, PodEventType, PodInfo
-from spotgpu.agent.solver import EvictionOutcome, Solver, SolverSettings
-from spotgpu.core.clock import Clock, SystemClock
-from spotgpu.core.config import AgentConfig
-from spotgpu.core.errors import SpotgpuError
-from spotgpu.core.ids import DeviceID, NodeName, ResourceName
-from spotgpu.core.lending import Action
-from spotgpu.core.mapping_cache import DeviceEntry, MappingSnapshot, Owner, OwnerEntry
-from spotgpu.core.refs import ContainerRef, PodRef
-from spotgpu.core.types import Health
-from spotgpu.runtime.ownerstate import write_owner_state
 
 log = logging.getLogger(__name__)
 
 
 RUNTIME_LIST_INTERVAL = 30.0
 """Seconds between containerd container listings (the pod watch reports container IDs live)."""
-
-
-REF_RETRY_INTERVAL = 5.0
-"""Seconds before asking containerd again for the init PID of an owner container not running."""
 
 FRESH_READ_TIMEOUT = 0.5
 """Seconds an owner-back eviction waits for its fresh pod-resources read; a kubelet that is slower
@@ -95,12 +94,9 @@ does not hold the owner: the eviction plans from the cache (at most one refresh 
 GUARD_ATTACH_WAIT = 1.0
 """Seconds :meth:`Agent.start` waits for the guard to attach to its fd holder before recovery."""
 
-RECENT_EVICTIONS = 64
-
 ALLOCATE_REFRESH_DELAY = 0.5
 """Seconds after an Allocate before pod-resources is read again (the kubelet records the grant
 right after our answer; a short delay lets a pod's other containers be admitted first)."""
-"""Evictions kept for ``/debug/state``."""
 
 
 class RuntimeHost(Protocol):
@@ -121,17 +117,6 @@ RuntimeServiceFactory = Callable[["Agent"], RuntimeHost]
 :meth:`Agent.lendable`)."""
 
 
-class BackendUtilization:
-    """Utilization straight from the GPU backend (NVML): the direct alternative to exporters."""
-
-    def __init__(self, backend: GpuBackend) -> None:
-        self.backend = backend
-        self.name = backend.name
-
-    def read(self, devices: Sequence[GpuDevice]) -> Mapping[DeviceID, float | None]:
-        return self.backend.utilization()
-
-
 @dataclass(frozen=True, slots=True)
 class CycleReport:
     """What one detection cycle did (for tests and the benchmark)."""
@@ -140,11 +125,6 @@ class CycleReport:
     """The loans and evictions the cycle started."""
     cpu_seconds: float
     wall_seconds: float
-
-
-def _resolved(point: Any) -> bool:
-    """A reference point that knows more than the container ID (init PID was found)."""
-    return not isinstance(point, ContainerRefPoint) or point.cgroup_path is not None or point.pid_ns is not None
 
 
 class Agent:
@@ -180,24 +160,13 @@ class Agent:
         self.metrics = metrics or AgentMetrics()
         self.utilization = utilization or BackendUtilization(backend)
         self.attributor: PidAttributor = attributor or ProcessAttributor()
-        self.plugins: dict[ResourceName, DevicePluginServer] = {}
-        """One device plugin per served resource (:attr:`Solver.resources`)."""
         if guard is None and guard_factory is not None:
             guard = guard_factory(self.on_owner_back)
         self.guard = guard
+        self.pods = NodePods()
+        """This node's pods in binding order (the pod watch keeps it)."""
         self.solver = Solver(
-            SolverSettings(
-                node=node,
-                gpu_resource=config.gpu_resource,
-                spot_resource=config.spot_resource,
-                max_inactive_time=config.max_inactive_time,
-                lending=config.lending,
-                sigterm_grace=config.sigterm_grace,
-                stop_timeout=config.eviction_timeout,
-                twin_replicas=config.twin_replicas,
-                shared_replicas=config.shared_replicas,
-                shadow_namespace=config.shadow_namespace,
-            ),
+            SolverSettings.from_config(config, node),
             kube=kube,
             tasks=tasks,
             guard=guard,
@@ -206,39 +175,17 @@ class Agent:
             clock=self.clock,
             store=store,
         )
-        self.solver.refresh_hook = self._refresh_for_allocate
-        self.solver.fresh_allocations = lambda: pod_resources.list(timeout=FRESH_READ_TIMEOUT)
-        self.solver.sweep = self._sweep
-        self.solver.on_eviction = self._record_eviction
-        self.solver.live_pods = self._live_pods
-        self.solver.await_pods = self._await_pods
-        self.solver.on_allocate = self._refresh_soon
-        if serve_device_plugin:
-            sockets = {config.spot_resource: config.plugin_socket_name}
-            sockets[config.shared_resource] = config.shared_plugin_socket_name
-            for resource in self.solver.resources:
-                self.plugins[resource] = DevicePluginServer(
-                    config.device_plugin_dir,
-                    resource,
-                    partial(self._allocate, resource),
-                    socket_name=sockets[resource],
-                    preferred=partial(self.solver.allocator.prefer, resource),
-                )
+        self._wire_solver()
+        self.plugins: dict[ResourceName, DevicePluginServer] = self._device_plugins() if serve_device_plugin else {}
+        """One device plugin per served resource (:attr:`Solver.resources`)."""
+        self._refs = ReferencePoints(tasks, self.attributor, REF_RETRY_INTERVAL)
+        self._measurer = Measurer(backend, self.utilization, self._refs, metrics=self.metrics, clock=self.clock)
+        self._owner_record = OwnerRecord(owner_record, self.metrics)
+        self._evictions = EvictionLog()
         self._refresh_wanted = threading.Event()
         self._runtime_factory = runtime_service
         self.runtime_service: RuntimeHost | None = None
-        self.owner_record = owner_record
-        """Where the runtime's ``local`` fallback reads owners (None: no fallback, no file)."""
-        self._owner_record_written: MappingSnapshot | None = None
         self._recovered = False
-        self._evictions: deque[dict[str, Any]] = deque(maxlen=RECENT_EVICTIONS)
-        self._evictions_lock = threading.Lock()
-        self._pods: dict[PodRef, PodInfo] = {}
-        self._pods_lock = threading.Condition()
-        """Guards ``_pods``; notified on every pod event (GetPreferredAllocation may wait for one)."""
-        self._refs: dict[str, Any] = {}
-        self._ref_retry: dict[str, float] = {}
-        self.ref_retry_interval = REF_RETRY_INTERVAL
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._reconcile_lock = threading.Lock()
@@ -246,10 +193,51 @@ class Agent:
         self.metrics_port: int | None = None
 
     # -- wiring ------------------------------------------------------------------------------
+    def _wire_solver(self) -> None:
+        """The solver's hooks into the agent: refreshes, fresh reads, the sweep, the pod view."""
+        solver, pod_resources = self.solver, self.pod_resources
+        solver.refresh_hook = self._refresh_for_allocate
+        solver.fresh_allocations = lambda: pod_resources.list(timeout=FRESH_READ_TIMEOUT)
+        solver.sweep = self._sweep
+        solver.on_eviction = self._record_eviction
+        solver.live_pods = self.pods.live
+        solver.await_pods = self.pods.wait_for
+        solver.on_allocate = self._refresh_soon
+
+    def _device_plugins(self) -> dict[ResourceName, DevicePluginServer]:
+        """One device plugin server per resource the solver serves, answering through it."""
+        config = self.config
+        sockets = {config.spot_resource: config.plugin_socket_name}
+        sockets[config.shared_resource] = config.shared_plugin_socket_name
+        return {
+            resource: DevicePluginServer(
+                config.device_plugin_dir,
+                resource,
+                partial(self._allocate, resource),
+                socket_name=sockets[resource],
+                preferred=partial(self.solver.allocator.prefer, resource),
+            )
+            for resource in self.solver.resources
+        }
+
     @property
     def plugin(self) -> DevicePluginServer | None:
         """The spot resource's device plugin (None when not serving)."""
         return self.plugins.get(self.config.spot_resource)
+
+    @property
+    def owner_record(self) -> Path | None:
+        """Where the runtime's ``local`` fallback reads owners (None: no fallback, no file)."""
+        return self._owner_record.path
+
+    @property
+    def ref_retry_interval(self) -> float:
+        """Seconds before an owner container's init PID is asked for again while it does not run."""
+        return self._refs.retry_interval
+
+    @ref_retry_interval.setter
+    def ref_retry_interval(self, seconds: float) -> None:
+        self._refs.retry_interval = seconds
 
     def _publish(self, resource: ResourceName, twins: Sequence[tuple[DeviceID, Health, int | None]]) -> None:
         plugin = self.plugins.get(resource)
@@ -258,17 +246,6 @@ class Agent:
 
     def _allocate(self, resource: ResourceName, twins: Sequence[str]) -> dict[str, str]:
         return self.solver.allocator.allocate(resource, twins)
-
-    def _live_pods(self) -> list[PodInfo]:
-        """This node's pods in binding order (the dict keeps first-seen order)."""
-        with self._pods_lock:
-            return list(self._pods.values())
-
-    def _await_pods(self, ready: Callable[[Sequence[PodInfo]], bool], timeout: float) -> list[PodInfo]:
-        """This node's pods once ``ready`` holds for them, or after ``timeout`` seconds."""
-        with self._pods_lock:
-            self._pods_lock.wait_for(lambda: ready(list(self._pods.values())), timeout)
-            return list(self._pods.values())
 
     def _refresh_soon(self) -> None:
         self._refresh_wanted.set()
@@ -300,8 +277,7 @@ class Agent:
     def _sweep(self, devices: Sequence[DeviceID], pods: Sequence[PodRef]) -> tuple[int, int]:
         """Kill the processes on ``devices`` that belong to ``pods`` (by the pod UID or a known
         container ID in their cgroup); returns (killed, still running at the deadline)."""
-        with self._pods_lock:
-            infos = [self._pods[p] for p in pods if p in self._pods]
+        infos = self.pods.known(pods)
         uids = {i.uid for i in infos if i.uid}
         cids = {c.container_id for i in infos for c in i.containers if c.container_id}
         try:
@@ -333,8 +309,7 @@ class Agent:
         self._stop.clear()
         self._start_guard()
         self.solver.set_devices(self.backend.devices())
-        for pod in self.kube.list_node_pods(self.node):
-            self._pods[pod.ref] = pod
+        self.pods.load(self.kube.list_node_pods(self.node))
         self.recover()
         if self._runtime_factory is not None:
             self.runtime_service = self._runtime_factory(self)
@@ -345,7 +320,7 @@ class Agent:
         if serve_metrics:
             self.metrics_port = self.metrics.serve(self.config.metrics_address, state=self.debug_state)
         if loops:
-            self._spawn("pod-watch", self._watch_pods)
+            self._spawn("pod-watch", partial(self.pods.watch, self.kube, self.node, self._stop))
             self._spawn("detect", self._detect_loop)
             self._spawn("allocate-refresh", self._refresh_after_allocate)
 
@@ -390,8 +365,7 @@ class Agent:
         """Rebuild state from the node and the cluster, finish evictions under way, then judge
         every lent owner at once (see module docstring)."""
         outcomes = self.reconcile(recovering=True)
-        with self._pods_lock:
-            deleting = [p for p in self._pods.values() if p.deleting]
+        deleting = self.pods.deleting()
         if deleting:
             runtime = self._runtime()
             ids = sorted({c for p in deleting for c in victim_container_ids(p.ref, p, runtime or [])})
@@ -420,8 +394,7 @@ class Agent:
                 log.warning("pod-resources List failed; keeping the previous mapping: %s", exc)
                 return []
             recovering = recovering or not self._recovered
-            with self._pods_lock:
-                pods = dict(self._pods)
+            pods = self.pods.by_ref()
             runtime = None
             now = time.monotonic()
             if recovering or now - self._runtime_at >= RUNTIME_LIST_INTERVAL:
@@ -429,43 +402,12 @@ class Agent:
                 self._runtime_at = now
             outcomes = self.solver.refresh(allocations, pods, runtime, recovering=recovering)
             self._recovered = True
-            self._write_owner_record()
+            self._owner_record.update(self.solver.mapping)
             return outcomes
-
-    def _write_owner_record(self) -> None:
-        """Keep the runtime fallback's owner record in step with the MappingCache's owners."""
-        if self.owner_record is None:
-            return
-        snapshot = self.solver.mapping.snapshot()
-        owners = MappingSnapshot(
-            tuple(OwnerEntry(e.owner, tuple(DeviceEntry(d.device, ()) for d in e.devices)) for e in snapshot.owners)
-        )  # users change all the time and the runtime needs owners only
-        if owners == self._owner_record_written:
-            return
-        try:
-            write_owner_state(self.owner_record, owners)
-        except OSError as exc:
-            self.metrics.detector_errors.labels(kind="owner_record").inc()
-            log.warning("writing the runtime's owner record %s failed: %s", self.owner_record, exc)
-            return
-        self._owner_record_written = owners
-
-    def _watch_pods(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.kube.watch_node_pods(self.node, self.on_pod_event, self._stop.is_set)
-            except Exception as exc:
-                log.warning("pod watch ended (%s); restarting", exc)
-                self._stop.wait(1.0)
 
     def on_pod_event(self, event: PodEvent) -> None:
         """The pod watch's handler (public so a harness without a watch can feed events)."""
-        with self._pods_lock:
-            if event.type is PodEventType.DELETED:
-                self._pods.pop(event.pod.ref, None)
-            else:
-                self._pods[event.pod.ref] = event.pod
-            self._pods_lock.notify_all()
+        self.pods.on_event(event)
 
     # -- detection ---------------------------------------------------------------------------------
     def _detect_loop(self) -> None:
@@ -481,27 +423,6 @@ class Agent:
                 self.metrics.detector_errors.labels(kind="cycle").inc()
                 log.exception("detection cycle failed")
 
-    def _ref_points(self, owners: list[WatchedOwner]) -> dict[str, Any]:
-        wanted = {o.container_id for o in owners if o.container_id}
-        for cid in [c for c in self._refs if c not in wanted]:
-            del self._refs[cid]
-            self._ref_retry.pop(cid, None)
-        now = time.monotonic()
-        for cid in wanted:
-            point = self._refs.get(cid)
-            retry_at = self._ref_retry.get(cid, 0.0)
-            if point is None or (not _resolved(point) and now >= retry_at):
-                try:
-                    pid = self.tasks.init_pid(cid)
-                except SpotgpuError:
-                    pid = None
-                self._refs[cid] = point = self.attributor.reference(cid, pid)
-                if not _resolved(point):
-                    self._ref_retry[cid] = now + self.ref_retry_interval  # not running yet: ask again later
-                else:
-                    self._ref_retry.pop(cid, None)
-        return {cid: self._refs[cid] for cid in wanted}
-
     def detect_once(self, *, reconcile: bool = True) -> CycleReport:
         """One detection cycle: refresh the mapping, measure, judge every owner, act."""
         cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -516,26 +437,7 @@ class Agent:
             log.warning("GPU inventory failed: %s", exc)
         if reconcile:
             self.reconcile()
-        gpu_pids: dict[DeviceID, list[int]] | None
-        try:
-            gpu_pids = {d: [p.pid for p in procs] for d, procs in self.backend.processes().items()}
-        except SpotgpuError as exc:
-            self.metrics.detector_errors.labels(kind="processes").inc()
-            log.warning("GPU process list failed (owners count as active): %s", exc)
-            gpu_pids = None
-        try:
-            utilization: Mapping[DeviceID, float | None] | None = self.utilization.read(devices)
-        except SpotgpuError as exc:
-            self.metrics.collector_error(self.utilization.name, "read")
-            log.warning("utilization read failed (owners not lent count as active): %s", exc)
-            utilization = None
-        owners = self.solver.watched_owners()
-        pid_container: dict[int, str] = {}
-        if gpu_pids is not None:
-            candidates = set().union(*(pids_on(o.devices, gpu_pids) for o in owners)) if owners else set()
-            if candidates:
-                pid_container = self.attributor.attribute(sorted(candidates), self._ref_points(owners))
-        samples = owner_samples(self.clock.monotonic(), owners, utilization, gpu_pids, pid_container)
+        samples = self._measurer.samples(devices, self.solver.watched_owners)
         events = self.solver.observe(samples)
         self.solver.account()
         self.solver.annotate()
@@ -545,57 +447,21 @@ class Agent:
 
     # -- state dump ----------------------------------------------------------------------------------
     def _record_eviction(self, outcome: EvictionOutcome) -> None:
-        plan = outcome.plan
-        entry = {
-            "owner": plan.owner.format(),
-            "reason": plan.reason.value,
-            "devices": list(plan.devices),
-            "victims": [v.pod.format() for v in plan.victims],
-            "containers": list(plan.container_ids),
-            "at": plan.at,
-            "tasks_stopped_ms": round(outcome.stop_latency * 1000, 3),
-            "released_ms": None if outcome.released_at is None else round((outcome.released_at - plan.at) * 1000, 3),
-            "complete_ms": round((outcome.completed_at - plan.at) * 1000, 3),
-            "failed_tasks": list(outcome.failed_tasks),
-            "undeleted_pods": [p.format() for p in outcome.undeleted_pods],
-        }
-        with self._evictions_lock:
-            self._evictions.append(entry)
+        self._evictions.record(outcome)
 
     def debug_state(self) -> dict[str, Any]:
         """What the agent believes now, as JSON data (served on ``/debug/state``): the
         MappingCache, each owner's lending state, each twin's health, the guard, the runtime
         service's answers and the recent evictions (monotonic times)."""
-        state = self.solver.state()
-        guard: dict[str, Any] | None = None
-        if self.guard is not None:
-            guard = {
-                "available": self.guard.available,
-                "attached": bool(getattr(self.guard, "attached", False)),
-                "armed": sorted(o.format() for o in state.lend_states if self.guard.is_armed(o)),
-                "covers": sorted(o.format() for o in state.lend_states if self.guard.covers(o)),
-            }
-        service = self.runtime_service
-        with self._evictions_lock:
-            evictions = list(self._evictions)
-        return {
-            "node": self.node,
-            "recovered": self._recovered,
-            "mapping": self.solver.mapping.snapshot().to_json(),
-            "owners": {o.format(): s.value for o, s in sorted(state.lend_states.items())},
-            "forecast": {
-                d: {"expected": f.expected, "p20": f.p20} for d, f in sorted(self.solver.idle_forecasts().items())
-            },
-            "twins": {t: h.value for t, h in sorted(self.solver.twin_health().items())},
-            "grants": [
-                {"resource": g.resource, "twin": g.twin, "pod": g.pod.format() if g.pod else None}
-                for g in self.solver.grants()
-            ],
-            "guard": guard,
-            "runtime": service.status() if service is not None else None,
-            "evictions": evictions,
-            "monotonic": self.clock.monotonic(),
-        }
+        return debug_state(
+            node=self.node,
+            recovered=self._recovered,
+            solver=self.solver,
+            guard=self.guard,
+            runtime=self.runtime_service,
+            evictions=self._evictions,
+            clock=self.clock,
+        )
 
 
-__all__ = ["Agent", "BackendUtilization", "CycleReport", "RuntimeHost", "RuntimeServiceFactory"]
+__all__ = ["Agent", "CycleReport", "RuntimeHost", "RuntimeServiceFactory"]

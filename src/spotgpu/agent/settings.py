@@ -1,19 +1,32 @@
 """The solver's settings: one frozen record the coordinator and its executors read.
 
 Plain data; no side effects. Built by :class:`spotgpu.agent.service.Agent` from the agent's
-configuration (:class:`~spotgpu.core.config.AgentConfig`).
+configuration (:class:`~spotgpu.core.config.AgentConfig`). One of the agent's pure modules
+(``model``, ``steer``, ``detect``, ``settings``, ``ports``): an import-linter contract keeps
+adapters, gRPC, protobuf, Prometheus and NVML out of it and of everything it imports.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from spotgpu.agent.evictor import EvictionSettings
 from spotgpu.agent.steer import TwinPool, twin_pools
 from spotgpu.core import keys
-from spotgpu.core.config import LendingConfig
+from spotgpu.core.config import AgentConfig, LendingConfig
 from spotgpu.core.ids import NodeName, ResourceName
 from spotgpu.core.lending import LendRules
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionSettings:
+    """How an eviction stops spot tasks and how long it retries their pods' deletion."""
+
+    sigterm_grace: float = 0.0
+    stop_timeout: float = 10.0
+    """Longest wait for spot tasks to exit (after the grace)."""
+    delete_budget: float = 2.0
+    """Real seconds spent retrying pod deletions before they are left for
+    :meth:`~spotgpu.agent.evictor.Evictor.retry_pending`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +58,22 @@ class SolverSettings:
     lending: LendingConfig = field(default_factory=LendingConfig)
     """The lending policy (``agent.lending``)."""
 
+    @classmethod
+    def from_config(cls, config: AgentConfig, node: NodeName) -> SolverSettings:
+        """The settings the agent on ``node`` runs with (the rest keep their defaults)."""
+        return cls(
+            node=node,
+            gpu_resource=config.gpu_resource,
+            spot_resource=config.spot_resource,
+            max_inactive_time=config.max_inactive_time,
+            lending=config.lending,
+            sigterm_grace=config.sigterm_grace,
+            stop_timeout=config.eviction_timeout,
+            twin_replicas=config.twin_replicas,
+            shared_replicas=config.shared_replicas,
+            shadow_namespace=config.shadow_namespace,
+        )
+
     @property
     def pools(self) -> tuple[TwinPool, ...]:
         return twin_pools(self.spot_resource, twin_replicas=self.twin_replicas, shared_replicas=self.shared_replicas)
@@ -58,4 +87,4 @@ class SolverSettings:
         return EvictionSettings(self.sigterm_grace, self.stop_timeout, self.delete_budget)
 
 
-__all__ = ["SolverSettings"]
+__all__ = ["EvictionSettings", "SolverSettings"]

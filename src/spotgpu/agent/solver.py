@@ -65,15 +65,6 @@ from spotgpu.agent.model import (
     plan_eviction,
     twin_health,
 )
-from spotgpu.agent.node_ports import (
-    AllocatedDevices,
-    GpuDevice,
-    LearnedOwner,
-    LendStore,
-    LentOwner,
-    RuntimeContainer,
-    TaskPort,
-)
 from spotgpu.agent.persistence import Record, RecordKeeper, lent_evidence
 from spotgpu.agent.ports import GuardPort, KubePort, PodInfo
 from spotgpu.agent.publisher import NodeView, Publisher, PublishFn
@@ -85,6 +76,15 @@ from spotgpu.core.lending import Action, IdleForecast, LendRules, LendState, Own
 from spotgpu.core.mapping_cache import MappingCache, MappingSnapshot, Owner
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import EvictionReason
+from spotgpu.ports.node import (
+    AllocatedDevices,
+    GpuDevice,
+    LearnedOwner,
+    LendStore,
+    LentOwner,
+    RuntimeContainer,
+    TaskPort,
+)
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,9 @@ spot use of one GPU apart.
 Pure functions over plain data; no I/O, no clock reads, no locks. The solver
 (:mod:`spotgpu.agent.solver`) calls them from the device plugin's ``GetPreferredAllocation`` and
 ``Allocate`` and on every refresh, and applies what they return (the answer, the twin list, the
-metrics).
+metrics). One of the agent's pure modules (``model``, ``steer``, ``detect``, ``settings``,
+``ports``): an import-linter contract keeps adapters, gRPC, protobuf, Prometheus and NVML out of
+it and of everything it imports.
 
 The gap they close: the kubelet gives each device ID to one container and chooses *which* IDs
 itself, while the scheduler already chose the real GPU (and accounted its share) and wrote it on
@@ -45,7 +47,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from spotgpu.agent.model import AllocateRefused, TwinView, allocate_refusal, real_of_twin, twin_ids
-from spotgpu.agent.node_ports import AllocatedDevices, GpuDevice
 from spotgpu.agent.ports import PodInfo
 from spotgpu.core import keys
 from spotgpu.core.errors import ValidationError
@@ -53,6 +54,7 @@ from spotgpu.core.ids import DeviceID, NodeName, ResourceName, is_spot_id, share
 from spotgpu.core.mapping_cache import Owner
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health
+from spotgpu.ports.node import AllocatedDevices, GpuDevice
 
 
 class TwinKind(StrEnum):
@@ -393,17 +395,20 @@ def prefer(
         if not rest:
             break
         chosen.append(min(rest, key=fallback_key))
+    return Preference(tuple(chosen[:size]), candidate, steered, _why(candidate, steered, candidates, size))
+
+
+def _why(candidate: Candidate | None, steered: bool, candidates: Sequence[Candidate], size: int) -> str:
+    """The reason a :class:`Preference` gives for its answer."""
     if candidate is None:
         waiting = [c for c in candidates if c.size == size]
-        reason = (
+        return (
             f"no pod being admitted asks for {size} with assigned GPUs offered "
             f"({len(waiting)} candidate(s) of that size); deterministic choice"
         )
-    elif steered:
-        reason = f"steered to {', '.join(candidate.assigned)} assigned to {candidate.pod}/{candidate.container}"
-    else:
-        reason = f"{candidate.pod}/{candidate.container} asks for more than its assigned GPUs offer; filled up"
-    return Preference(tuple(chosen[:size]), candidate, steered, reason)
+    if steered:
+        return f"steered to {', '.join(candidate.assigned)} assigned to {candidate.pod}/{candidate.container}"
+    return f"{candidate.pod}/{candidate.container} asks for more than its assigned GPUs offer; filled up"
 
 
 def _covers(chosen: Sequence[DeviceID], real: DeviceID, twins: Mapping[DeviceID, DeviceID]) -> bool:

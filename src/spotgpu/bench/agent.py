@@ -60,8 +60,6 @@ from typing import Any
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.adapters.containerd import ContainerdTasks
 from spotgpu.adapters.devnode_gpu import DeviceNode, DeviceNodeBackend
-from spotgpu.agent.fakes import FakeGuard, FakeKube, FakePodResources
-from spotgpu.agent.node_ports import AllocatedDevices, TaskPort
 from spotgpu.agent.ports import ContainerInfo, OwnerBackHandler, PodInfo
 from spotgpu.agent.service import Agent
 from spotgpu.bench import env
@@ -69,7 +67,9 @@ from spotgpu.core import keys
 from spotgpu.core.config import AgentConfig, Seconds
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, DeviceID, NodeName, to_spot_id
 from spotgpu.core.refs import ContainerRef, PodRef
+from spotgpu.ports.node import AllocatedDevices, TaskPort
 from spotgpu.testing.containerd import Containerd, make_rootfs
+from spotgpu.testing.fakes import FakeGuard, FakeKube, FakePodResources
 
 NS = "spotgpu-bench"
 NODE = NodeName("bench-node")

@@ -3,7 +3,7 @@
 Side effects (root): builds the stand-in GPU client with gcc, runs runc containers and the fd
 holder under a private temporary directory, removes everything at the end. There is no GPU
 here: the owner's "GPU" is a set of stand-in devices with /dev/null's numbers, and the calls are
-NVIDIA-encoded ioctls (see :mod:`spotgpu.guard.standin`).
+NVIDIA-encoded ioctls (see :mod:`spotgpu.testing.standin`).
 
 Figures (one JSON object on stdout; ``details`` adds the per-profile and per-session numbers,
 the cost of one caught-and-continued session start for an owner that is not lent, and the
@@ -36,6 +36,7 @@ Python process importing the holder is started beside the same load, without a h
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -46,8 +47,17 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from spotgpu.bench.agent import percentile  # the benchmarks' one nearest-rank percentile
+from spotgpu.core.refs import ContainerRef
+
+if TYPE_CHECKING:
+    from spotgpu.guard.service import GuardService
+    from spotgpu.testing.guard_testbed import HolderProcess, OwnerContainer
 
 from spotgpu.bench import env
 
@@ -68,19 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     env.add_arguments(parser)
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
-    return ordered[rank - 1]
-
-
 def run(args: argparse.Namespace) -> int:
     if os.geteuid() != 0 or shutil.which("runc") is None:
         print(json.dumps({"benchmark": "guard", "error": "needs root and runc"}))
         return 2
-    from spotgpu.guard.standin import build_probe
     from spotgpu.testing.containerd import make_rootfs
+    from spotgpu.testing.standin import build_probe
 
     logging.getLogger("spotgpu.guard").setLevel(logging.WARNING)  # one line per held call otherwise
     base = Path(tempfile.mkdtemp(prefix="sgbench-", dir="/tmp"))
@@ -102,15 +105,33 @@ def run(args: argparse.Namespace) -> int:
     return 1 if args.check and not all(result["met"].values()) else 0
 
 
-def _measure(base: Path, rootfs: Path, args: argparse.Namespace) -> dict[str, Any]:
+@dataclass(slots=True)
+class _Bed:
+    """The guard, its fd holder(s) and four owner containers: without and with the rule, unconfined
+    and under a RuntimeDefault-like profile; ``ruled`` is ``owner``'s."""
+
+    guard: GuardService
+    holders: list[HolderProcess]
+    owner: ContainerRef
+    plain: OwnerContainer
+    ruled: OwnerContainer
+    rd_plain: OwnerContainer
+    rd_ruled: OwnerContainer
+    back: threading.Event
+    """Set by the guard's owner-back handler."""
+    back_at: list[int]
+    """When the handler ran (monotonic ns)."""
+
+
+@contextlib.contextmanager
+def _testbed(base: Path, rootfs: Path) -> Iterator[_Bed]:
+    """Start the bed; everything started is closed, stopped or killed on the way out."""
     from prometheus_client import CollectorRegistry
 
     from spotgpu.core.config import GuardConfig
-    from spotgpu.core.refs import ContainerRef
-    from spotgpu.guard import standin
     from spotgpu.guard.service import GuardService
     from spotgpu.guard.support import probe
-    from spotgpu.guard.testbed import HolderProcess, OwnerContainer, runtime_default_like
+    from spotgpu.testing.guard_testbed import HolderProcess, OwnerContainer, runtime_default_like
 
     owner = ContainerRef("bench", "owner-0", "main")
     second = ContainerRef("bench", "owner-1", "main")
@@ -123,9 +144,11 @@ def _measure(base: Path, rootfs: Path, args: argparse.Namespace) -> dict[str, An
         back_at.append(time.monotonic_ns())
         back.set()
 
-    registry = CollectorRegistry()
     guard = GuardService(
-        GuardConfig(listener_path=listener, holder_path=control), on_owner_back, registry=registry, support=probe()
+        GuardConfig(listener_path=listener, holder_path=control),
+        on_owner_back,
+        registry=CollectorRegistry(),
+        support=probe(),
     )
     containers: list[OwnerContainer] = []
     holders = [holder]
@@ -145,69 +168,7 @@ def _measure(base: Path, rootfs: Path, args: argparse.Namespace) -> dict[str, An
             container.start()
         if not guard.wait_until(lambda g: len(g.fds()) == 2, 15):
             raise RuntimeError("the ruled containers' notify fds never reached the guard")
-
-        # 1. Unarmed overhead of ordinary GPU ioctls: paired, alternating trials, per profile.
-        overhead: dict[str, Any] = {}
-        pairs = {"unconfined": (plain, ruled), "runtime-default": (rd_plain, rd_ruled)}
-        for profile, (without_c, with_c) in pairs.items():
-            for call in (
-                standin.Call(standin.CTL, standin.RM_CONTROL),
-                standin.Call(standin.UVM, standin.UVM_MAP_EXTERNAL_ALLOCATION),
-            ):
-                command = f"loop {call.device} {call.request:#x} {args.loop}"
-                with_rule, without, diffs = [], [], []
-                for trial in range(args.trials):
-                    order = (without_c, with_c) if trial % 2 == 0 else (with_c, without_c)
-                    got = {c.id: c.command(command, timeout=120)["ns_per_call"] / 1e3 for c in order}
-                    with_rule.append(got[with_c.id])
-                    without.append(got[without_c.id])
-                    diffs.append(got[with_c.id] - got[without_c.id])
-                overhead[f"{profile} {call.request:#x}"] = {
-                    "with_rule_us": round(statistics.median(with_rule), 4),
-                    "without_rule_us": round(statistics.median(without), 4),
-                    "overhead_us": round(statistics.median(diffs), 4),
-                }
-        notifications_before = guard.metrics.notifications.labels("continue")._value.get()
-        if notifications_before:
-            raise RuntimeError(f"ordinary ioctls reached the guard {notifications_before} times")
-
-        # 2. Notifications per stand-in session start (unarmed: answered at once).
-        counter = guard.metrics.notifications.labels("continue")
-        per_session: dict[str, int] = {}
-        session_us: list[float] = []
-        for name, calls in standin.SESSIONS.items():
-            before = counter._value.get()
-            seq = ruled.command(f"seq {standin.sequence_arg(calls)}", timeout=30)
-            if seq["enosys"] or seq["enotty"] != seq["calls"]:
-                raise RuntimeError(f"session {name} failed: {seq}")
-            per_session[name] = int(counter._value.get() - before)
-            session_us.append(seq["worst_ns"] / 1e3)
-
-        # 2b. What one session start costs an owner that is not lent (a notification round trip).
-        unarmed_call_us = []
-        for _ in range(args.iterations):
-            got = ruled.call(standin.CHECK_VERSION_STR)
-            unarmed_call_us.append((got["end_ns"] - got["start_ns"]) / 1e3)
-
-        # 3. Release after eviction: armed, held, disarmed; time to the owner's return.
-        release_ms: list[float] = []
-        owner_back_ms: list[float] = []
-        for _ in range(args.iterations):
-            back.clear()
-            back_at.clear()
-            guard.arm(owner)
-            ruled.send(f"call {standin.CTL} {standin.CHECK_VERSION_STR:#x}")
-            if not back.wait(10):
-                raise RuntimeError("owner-back was not signalled")
-            disarm_at = time.monotonic_ns()
-            guard.disarm(owner)
-            got = ruled.read(10)
-            release_ms.append((got["end_ns"] - disarm_at) / 1e6)
-            owner_back_ms.append((back_at[0] - got["start_ns"]) / 1e6)
-
-        # 4. Holder upgrades under load (the holder answers alone: the guard is stopped).
-        guard.stop()
-        handover = _handovers_under_load(base, ruled, holders, args.handovers, fds=2)
+        yield _Bed(guard, holders, owner, plain, ruled, rd_plain, rd_ruled, back, back_at)
     finally:
         for container in containers:
             container.close()
@@ -215,10 +176,122 @@ def _measure(base: Path, rootfs: Path, args: argparse.Namespace) -> dict[str, An
         for each in holders:
             each.kill()
 
+
+@dataclass(frozen=True, slots=True)
+class _Measured:
+    """What the four measurements returned (the report's raw material)."""
+
+    overhead: dict[str, Any]
+    per_session: dict[str, int]
+    session_us: list[float]
+    unarmed_call_us: list[float]
+    release_ms: list[float]
+    owner_back_ms: list[float]
+    handover: dict[str, Any]
+
+
+def _measure(base: Path, rootfs: Path, args: argparse.Namespace) -> dict[str, Any]:
+    with _testbed(base, rootfs) as bed:
+        overhead = _unarmed_overhead(bed, args)
+        per_session, session_us = _notifications_per_session(bed)
+        unarmed_call_us = _unarmed_session_calls(bed, args.iterations)
+        release_ms, owner_back_ms = _releases(bed, args.iterations)
+        # 4. Holder upgrades under load (the holder answers alone: the guard is stopped).
+        bed.guard.stop()
+        handover = _handovers_under_load(base, bed.ruled, bed.holders, args.handovers, fds=2)
+    measured = _Measured(overhead, per_session, session_us, unarmed_call_us, release_ms, owner_back_ms, handover)
+    return _report(args, measured)
+
+
+def _unarmed_overhead(bed: _Bed, args: argparse.Namespace) -> dict[str, Any]:
+    """1. Unarmed overhead of ordinary GPU ioctls: paired, alternating trials, per profile."""
+    from spotgpu.testing import standin
+
+    overhead: dict[str, Any] = {}
+    pairs = {"unconfined": (bed.plain, bed.ruled), "runtime-default": (bed.rd_plain, bed.rd_ruled)}
+    for profile, (without_c, with_c) in pairs.items():
+        for call in (
+            standin.Call(standin.CTL, standin.RM_CONTROL),
+            standin.Call(standin.UVM, standin.UVM_MAP_EXTERNAL_ALLOCATION),
+        ):
+            command = f"loop {call.device} {call.request:#x} {args.loop}"
+            with_rule, without, diffs = [], [], []
+            for trial in range(args.trials):
+                order = (without_c, with_c) if trial % 2 == 0 else (with_c, without_c)
+                got = {c.id: c.command(command, timeout=120)["ns_per_call"] / 1e3 for c in order}
+                with_rule.append(got[with_c.id])
+                without.append(got[without_c.id])
+                diffs.append(got[with_c.id] - got[without_c.id])
+            overhead[f"{profile} {call.request:#x}"] = {
+                "with_rule_us": round(statistics.median(with_rule), 4),
+                "without_rule_us": round(statistics.median(without), 4),
+                "overhead_us": round(statistics.median(diffs), 4),
+            }
+    notifications_before = bed.guard.metrics.notifications.labels("continue")._value.get()
+    if notifications_before:
+        raise RuntimeError(f"ordinary ioctls reached the guard {notifications_before} times")
+    return overhead
+
+
+def _notifications_per_session(bed: _Bed) -> tuple[dict[str, int], list[float]]:
+    """2. Notifications per stand-in session start (unarmed: answered at once), and each
+    session's slowest call (us)."""
+    from spotgpu.testing import standin
+
+    counter = bed.guard.metrics.notifications.labels("continue")
+    per_session: dict[str, int] = {}
+    session_us: list[float] = []
+    for name, calls in standin.SESSIONS.items():
+        before = counter._value.get()
+        seq = bed.ruled.command(f"seq {standin.sequence_arg(calls)}", timeout=30)
+        if seq["enosys"] or seq["enotty"] != seq["calls"]:
+            raise RuntimeError(f"session {name} failed: {seq}")
+        per_session[name] = int(counter._value.get() - before)
+        session_us.append(seq["worst_ns"] / 1e3)
+    return per_session, session_us
+
+
+def _unarmed_session_calls(bed: _Bed, iterations: int) -> list[float]:
+    """2b. What one session start costs an owner that is not lent (a notification round trip), us."""
+    from spotgpu.testing import standin
+
+    unarmed_call_us = []
+    for _ in range(iterations):
+        got = bed.ruled.call(standin.CHECK_VERSION_STR)
+        unarmed_call_us.append((got["end_ns"] - got["start_ns"]) / 1e3)
+    return unarmed_call_us
+
+
+def _releases(bed: _Bed, iterations: int) -> tuple[list[float], list[float]]:
+    """3. Release after eviction: armed, held, disarmed; time to the owner's return (ms), and
+    from the held call to the owner-back handler (ms)."""
+    from spotgpu.testing import standin
+
+    release_ms: list[float] = []
+    owner_back_ms: list[float] = []
+    for _ in range(iterations):
+        bed.back.clear()
+        bed.back_at.clear()
+        bed.guard.arm(bed.owner)
+        bed.ruled.send(f"call {standin.CTL} {standin.CHECK_VERSION_STR:#x}")
+        if not bed.back.wait(10):
+            raise RuntimeError("owner-back was not signalled")
+        disarm_at = time.monotonic_ns()
+        bed.guard.disarm(bed.owner)
+        got = bed.ruled.read(10)
+        release_ms.append((got["end_ns"] - disarm_at) / 1e6)
+        owner_back_ms.append((bed.back_at[0] - got["start_ns"]) / 1e6)
+    return release_ms, owner_back_ms
+
+
+def _report(args: argparse.Namespace, m: _Measured) -> dict[str, Any]:
+    """The JSON object of the figures (module docstring)."""
+    from spotgpu.testing import standin
+
     figures = {
-        "unarmed_overhead_us_per_ioctl": max(v["overhead_us"] for v in overhead.values()),
-        "notifications_per_session": max(per_session.values()),
-        "release_after_eviction_ms_p99": round(percentile(release_ms, 99), 3),
+        "unarmed_overhead_us_per_ioctl": max(v["overhead_us"] for v in m.overhead.values()),
+        "notifications_per_session": max(m.per_session.values()),
+        "release_after_eviction_ms_p99": round(percentile(m.release_ms, 99), 3),
     }
     return {
         "benchmark": "guard",
@@ -226,24 +299,24 @@ def _measure(base: Path, rootfs: Path, args: argparse.Namespace) -> dict[str, An
         "targets": TARGETS,
         "met": {k: figures[k] <= v for k, v in TARGETS.items()},
         "details": {
-            "overhead_by_request": overhead,
-            "notifications_by_session": per_session,
+            "overhead_by_request": m.overhead,
+            "notifications_by_session": m.per_session,
             "session_calls": {k: len(v) for k, v in standin.SESSIONS.items()},
-            "worst_single_ioctl_in_unarmed_session_us": round(max(session_us), 1),
+            "worst_single_ioctl_in_unarmed_session_us": round(max(m.session_us), 1),
             "unarmed_session_start_call_us": {
-                "p50": round(percentile(unarmed_call_us, 50), 1),
-                "p99": round(percentile(unarmed_call_us, 99), 1),
+                "p50": round(percentile(m.unarmed_call_us, 50), 1),
+                "p99": round(percentile(m.unarmed_call_us, 99), 1),
             },
             "release_after_eviction_ms": {
-                "p50": round(percentile(release_ms, 50), 3),
-                "p99": round(percentile(release_ms, 99), 3),
-                "max": round(max(release_ms), 3),
+                "p50": round(percentile(m.release_ms, 50), 3),
+                "p99": round(percentile(m.release_ms, 99), 3),
+                "max": round(max(m.release_ms), 3),
             },
             "owner_back_ms": {
-                "p50": round(percentile(owner_back_ms, 50), 3),
-                "p99": round(percentile(owner_back_ms, 99), 3),
+                "p50": round(percentile(m.owner_back_ms, 50), 3),
+                "p99": round(percentile(m.owner_back_ms, 99), 3),
             },
-            "handover": handover,
+            "handover": m.handover,
             "trials": args.trials,
             "ioctls_per_trial": args.loop,
             "iterations": args.iterations,
@@ -261,8 +334,8 @@ def _handovers_under_load(base: Path, ruled: Any, holders: list[Any], count: int
     costs from CPU contention. ``holders`` gets every started holder (the caller kills them)."""
     import subprocess
 
-    from spotgpu.guard import standin
-    from spotgpu.guard.testbed import HolderProcess
+    from spotgpu.testing import standin
+    from spotgpu.testing.guard_testbed import HolderProcess
 
     stop = threading.Event()
     phase = ["control"]

@@ -30,9 +30,9 @@ from typing import Any
 
 from spotgpu.adapters import pidkill
 from spotgpu.adapters.containerd import ContainerdTasks
-from spotgpu.agent.fakes import FakeGuard
-from spotgpu.agent.node_ports import TaskState, TaskStopResult
+from spotgpu.ports.node import TaskState, TaskStopResult
 from spotgpu.testing.containerd import Containerd
+from spotgpu.testing.fakes import FakeGuard
 
 SHIPPED = ("containerd", "containerd-wait", "kill-rpc")
 """Strategies that run :meth:`ContainerdTasks.stop_tasks` itself."""

@@ -65,7 +65,6 @@ from pathlib import Path
 from typing import Any
 
 from spotgpu.adapters import pidkill
-from spotgpu.agent.fakes import FakeGuard
 from spotgpu.agent.service import Agent
 from spotgpu.bench import agent as bench_agent
 from spotgpu.bench import env
@@ -86,6 +85,7 @@ from spotgpu.bench.probes import (
 )
 from spotgpu.testing.cbuild import compile_static
 from spotgpu.testing.containerd import Containerd
+from spotgpu.testing.fakes import FakeGuard
 
 STRATEGIES = (*SHIPPED, "pidfd-get", "pidfd-pinned", "helper-pinned")
 MODIFIERS = ("rr", "nice", "detect", "boost", "switch")

@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -189,7 +190,20 @@ def _python_every_verb(dest: Path, lower: str, agent_socket: Path) -> Path:
     return script
 
 
-def measure(base: Path, runs: int, warmup: int, extra: bool) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class _Node:
+    """The node the benchmark's containers run on: the runtime's configuration, the owner of
+    the stand-in GPU, the kubelet's view and the ``local`` fallback's configuration file."""
+
+    lower: str
+    gpu: Path
+    config: RuntimeConfig
+    cache: MappingCache
+    pods: list[PodResources]
+    local_config: Path
+
+
+def _node(base: Path) -> _Node:
     gpu = base / "dev" / "nvidia0"
     gpu.parent.mkdir(parents=True)
     os.mknod(gpu, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
@@ -223,49 +237,74 @@ def measure(base: Path, runs: int, warmup: int, extra: bool) -> dict[str, Any]:
         f"  devicePluginDir: {plugin_dir}\n  podResourcesSocket: {config.pod_resources_socket}\n"
         f"  ownerStateFile: {config.owner_state_file}\n  guardListenerPath: {base / 'guard.sock'}\n"
     )
+    return _Node(lower, gpu, config, cache, pods, local_config)
+
+
+def _variants(base: Path, node: _Node, bench: _Bench, extra: bool) -> tuple[dict[str, Callable[[], float]], str]:
+    """Each variant's one sample (ms), and the shell fast path's script."""
+    from spotgpu.runtime.config import load_runtime_config
+
+    lower, config = node.lower, node.config
+    shim = str(install_shim(base / "shim", config))
+    local = str(
+        install_shim(base / "shim-local", load_runtime_config(node.local_config), config_path=node.local_config)
+    )
+    every = str(_python_every_verb(base, lower, config.agent_socket))
+    spot = _spot_annotations()
+    env_only = {k: v for k, v in spot.items() if k != keys.DEVICES_FROM_PREFIX}
+    env_only[keys.CONTAINER_ENV_PREFIX] = json.dumps({"BENCH": "1"})
+    variants: dict[str, Callable[[], float]] = {
+        "plain": lambda: bench.ctr_run(lower, {}),
+        "passthrough": lambda: bench.ctr_run(shim, {}),
+        "sync": lambda: bench.ctr_run(shim, spot),
+        "kill_plain": lambda: bench.kill_ms(lower),
+        "kill_shim": lambda: bench.kill_ms(shim),
+        "plain_no_option": lambda: bench.ctr_run(None, {}),
+    }
+    if extra:
+        variants["sync_local"] = lambda: bench.ctr_run(local, env_only)
+        variants["python_every_verb"] = lambda: bench.ctr_run(every, {})
+    return variants, shim
+
+
+def _sample(variants: dict[str, Callable[[], float]], runs: int, warmup: int) -> dict[str, list[float]]:
+    """Every variant once per round, the round's order rotated; warm-up rounds are dropped."""
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for round_ in range(warmup + runs):
+        order = names[round_ % len(names) :] + names[: round_ % len(names)]
+        for name in order:
+            value = variants[name]()
+            if round_ >= warmup:
+                samples[name].append(value)
+    return samples
+
+
+def measure(base: Path, runs: int, warmup: int, extra: bool) -> dict[str, Any]:
+    node = _node(base)
+    config = node.config
     with (
         PodResourcesDouble(config.pod_resources_socket) as pod_resources,
-        VendorPluginDouble(plugin_dir, "nvidia.com/gpu", [VendorDevice("GPU-a", str(gpu), "/dev/nvidia0", 0)]),
+        VendorPluginDouble(
+            config.device_plugin_dir, "nvidia.com/gpu", [VendorDevice("GPU-a", str(node.gpu), "/dev/nvidia0", 0)]
+        ),
         Containerd(base / "containerd") as daemon,
     ):
-        pod_resources.set_pods(pods)
-        lookup = KubeletNodeLookup.from_config(config, cache.get_device_owner, lendable=lambda d: d == "GPU-a")
+        pod_resources.set_pods(node.pods)
+        lookup = KubeletNodeLookup.from_config(config, node.cache.get_device_owner, lendable=lambda d: d == "GPU-a")
         try:
             with RuntimeService(config.agent_socket, SpecEngine(config, lookup, LinuxHost())):
-                shim = str(install_shim(base / "shim", config))
-                from spotgpu.runtime.config import load_runtime_config
-
-                local = str(
-                    install_shim(base / "shim-local", load_runtime_config(local_config), config_path=local_config)
-                )
-                every = str(_python_every_verb(base, lower, config.agent_socket))
                 bench = _Bench(base, daemon)
-                spot = _spot_annotations()
-                env_only = {k: v for k, v in spot.items() if k != keys.DEVICES_FROM_PREFIX}
-                env_only[keys.CONTAINER_ENV_PREFIX] = json.dumps({"BENCH": "1"})
-                variants: dict[str, Callable[[], float]] = {
-                    "plain": lambda: bench.ctr_run(lower, {}),
-                    "passthrough": lambda: bench.ctr_run(shim, {}),
-                    "sync": lambda: bench.ctr_run(shim, spot),
-                    "kill_plain": lambda: bench.kill_ms(lower),
-                    "kill_shim": lambda: bench.kill_ms(shim),
-                    "plain_no_option": lambda: bench.ctr_run(None, {}),
-                }
-                if extra:
-                    variants["sync_local"] = lambda: bench.ctr_run(local, env_only)
-                    variants["python_every_verb"] = lambda: bench.ctr_run(every, {})
-                samples: dict[str, list[float]] = {name: [] for name in variants}
-                names = list(variants)
-                for round_ in range(warmup + runs):
-                    order = names[round_ % len(names) :] + names[: round_ % len(names)]
-                    for name in order:
-                        value = variants[name]()
-                        if round_ >= warmup:
-                            samples[name].append(value)
-                per_call = per_call_added_ms(shim, lower)
+                variants, shim = _variants(base, node, bench, extra)
+                samples = _sample(variants, runs, warmup)
+                per_call = per_call_added_ms(shim, node.lower)
                 bench.channel.close()
         finally:
             lookup.close()
+    return _result(samples, per_call, runs, extra)
+
+
+def _result(samples: dict[str, list[float]], per_call: float, runs: int, extra: bool) -> dict[str, Any]:
     medians = {name: median_ms(values) for name, values in samples.items()}
 
     def added(name: str, base: str = "plain") -> float:

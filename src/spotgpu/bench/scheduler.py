@@ -47,6 +47,7 @@ import random
 import resource
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Final
 
 from spotgpu.bench import env
@@ -55,6 +56,7 @@ from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import GPU_MILLI, Health, NodeStrategy, QueueType, SpotPriority
 from spotgpu.scheduler import (
     GPU,
+    CycleResult,
     GPURequest,
     Node,
     Pod,
@@ -154,62 +156,111 @@ def synthetic_snapshot(
     rng.shuffle(lent)
     queues = [Queue(n, QueueType.RESERVED, w) for n, w in RESERVED_QUEUES]
     queues += [Queue(n, QueueType.SPOT, w) for n, w in SPOT_QUEUES]
-    groups: list[PodGroup] = []
-    pods: list[Pod] = []
-    shadows: list[ShadowPod] = []
-    tiers = list(SpotPriority)
-    per_node_cap = max(1, gpus_per_node // 2)
-    pool_pos = lent_pos = 0
-    g = 0
-    while running > 0 and pool:
-        size = min(running, rng.randint(1, 4))
-        ref = PodRef("spot", f"run-{g:06d}")
-        exclusive = rng.random() < 0.6 or lent_pos >= len(lent)
-        start = now - rng.uniform(60.0, 86400.0)
-        held: dict[NodeName, list[DeviceID]] = {}
-        members: list[Pod] = []
-        for k in range(size):
-            pref = PodRef("spot", f"run-{g:06d}-{k}")
-            if exclusive:
-                for _ in range(len(pool)):
-                    d = pool[pool_pos % len(pool)]
-                    pool_pos += 1
-                    if d.spot < per_node_cap:
-                        break
-                else:
+    placer = _SpotPlacer(rng, drafts, pool, lent, max(1, gpus_per_node // 2))
+    groups, pods, shadows = placer.running(running, now)
+    pending_groups, pending_pods = _pending(rng, pending, gpus_per_node)
+    groups += pending_groups
+    pods += pending_pods
+    if shadow_reuse > 0:
+        shadows = _merge_shadows(drafts, shadows, shadow_reuse, random.Random(f"{seed}/shadow-reuse"))
+    return Snapshot(tuple(d.obj() for d in drafts), tuple(queues), tuple(groups), tuple(pods), tuple(shadows))
+
+
+class _SpotPlacer:
+    """Running spot gangs: exclusive members on pool nodes (at most ``per_node_cap`` per node,
+    each node's GPUs held by one ShadowPod per gang), shared members on lent GPUs."""
+
+    def __init__(
+        self,
+        rng: random.Random,
+        drafts: list[_NodeDraft],
+        pool: list[_NodeDraft],
+        lent: list[tuple[_NodeDraft, int]],
+        per_node_cap: int,
+    ) -> None:
+        self.rng = rng
+        self.drafts = drafts
+        self.pool = pool
+        self.lent = lent
+        self.per_node_cap = per_node_cap
+        self.pool_pos = 0
+        self.lent_pos = 0
+
+    def running(self, running: int, now: float) -> tuple[list[PodGroup], list[Pod], list[ShadowPod]]:
+        rng = self.rng
+        tiers = list(SpotPriority)
+        groups: list[PodGroup] = []
+        pods: list[Pod] = []
+        shadows: list[ShadowPod] = []
+        g = 0
+        while running > 0 and self.pool:
+            size = min(running, rng.randint(1, 4))
+            ref = PodRef("spot", f"run-{g:06d}")
+            exclusive = rng.random() < 0.6 or self.lent_pos >= len(self.lent)
+            start = now - rng.uniform(60.0, 86400.0)
+            held: dict[NodeName, list[DeviceID]] = {}
+            members: list[Pod] = []
+            for k in range(size):
+                pref = PodRef("spot", f"run-{g:06d}-{k}")
+                member = self._exclusive(pref, ref, start, held) if exclusive else self._shared(pref, ref, start)
+                if member is None:
                     break
-                j = d.spot
-                d.spot += 1
-                d.milli[j] = GPU_MILLI
-                held.setdefault(d.name, []).append(d.gpus[j])
-                members.append(
-                    Pod(pref, ref.name, GPURequest.spot(1), node=d.name, devices=(d.gpus[j],), start_time=start)
-                )
-            else:
-                milli = rng.choice((250, 500))
-                while lent_pos < len(lent) and lent[lent_pos][0].milli[lent[lent_pos][1]] + milli > GPU_MILLI:
-                    lent_pos += 1
-                if lent_pos >= len(lent):
-                    break
-                d, j = lent[lent_pos]
-                d.milli[j] += milli
-                members.append(
-                    Pod(pref, ref.name, GPURequest.shared(milli), node=d.name, devices=(d.gpus[j],), start_time=start)
-                )
-        if not members:
-            break
-        queue = SPOT_QUEUES[g % len(SPOT_QUEUES)][0]
-        groups.append(PodGroup(ref, queue, len(members), spot_priority=rng.choice(tiers), phase=PodGroupPhase.RUNNING))
-        pods.extend(members)
+                members.append(member)
+            if not members:
+                break
+            queue = SPOT_QUEUES[g % len(SPOT_QUEUES)][0]
+            groups.append(
+                PodGroup(ref, queue, len(members), spot_priority=rng.choice(tiers), phase=PodGroupPhase.RUNNING)
+            )
+            pods.extend(members)
+            shadows.extend(self._shadows(ref, held, start))
+            running -= len(members)
+            g += 1
+        return groups, pods, shadows
+
+    def _exclusive(self, pref: PodRef, ref: PodRef, start: float, held: dict[NodeName, list[DeviceID]]) -> Pod | None:
+        for _ in range(len(self.pool)):
+            d = self.pool[self.pool_pos % len(self.pool)]
+            self.pool_pos += 1
+            if d.spot < self.per_node_cap:
+                break
+        else:
+            return None
+        j = d.spot
+        d.spot += 1
+        d.milli[j] = GPU_MILLI
+        held.setdefault(d.name, []).append(d.gpus[j])
+        return Pod(pref, ref.name, GPURequest.spot(1), node=d.name, devices=(d.gpus[j],), start_time=start)
+
+    def _shared(self, pref: PodRef, ref: PodRef, start: float) -> Pod | None:
+        milli = self.rng.choice((250, 500))
+        lent = self.lent
+        while self.lent_pos < len(lent) and lent[self.lent_pos][0].milli[lent[self.lent_pos][1]] + milli > GPU_MILLI:
+            self.lent_pos += 1
+        if self.lent_pos >= len(lent):
+            return None
+        d, j = lent[self.lent_pos]
+        d.milli[j] += milli
+        return Pod(pref, ref.name, GPURequest.shared(milli), node=d.name, devices=(d.gpus[j],), start_time=start)
+
+    def _shadows(self, ref: PodRef, held: dict[NodeName, list[DeviceID]], start: float) -> list[ShadowPod]:
+        """One ShadowPod per node holding the gang's exclusive GPUs there (its GPUs' owner)."""
+        out = []
         for node_name, devices in held.items():
             sref = PodRef("spot", f"{ref.name}-shadow-{node_name}")
             owner = sref.container("main")
-            draft = drafts[int(node_name.rsplit("-", 1)[1])]
+            draft = self.drafts[int(node_name.rsplit("-", 1)[1])]
             for dev in devices:
                 draft.owner[draft.gpus.index(dev)] = owner
-            shadows.append(ShadowPod(sref, node_name, tuple(devices), group=ref, created_at=start))
-        running -= len(members)
-        g += 1
+            out.append(ShadowPod(sref, node_name, tuple(devices), group=ref, created_at=start))
+        return out
+
+
+def _pending(rng: random.Random, pending: int, gpus_per_node: int) -> tuple[list[PodGroup], list[Pod]]:
+    """Pending gangs: reserved (whole GPUs) and spot (exclusive or shared), in the queue."""
+    tiers = list(SpotPriority)
+    groups: list[PodGroup] = []
+    pods: list[Pod] = []
     n = 0
     while pending > 0:
         size = min(pending, rng.randint(1, 8))
@@ -231,9 +282,7 @@ def synthetic_snapshot(
         pods.extend(Pod(PodRef("jobs", f"{ref.name}-{k}"), ref.name, request, created_at=float(k)) for k in range(size))
         pending -= size
         n += 1
-    if shadow_reuse > 0:
-        shadows = _merge_shadows(drafts, shadows, shadow_reuse, random.Random(f"{seed}/shadow-reuse"))
-    return Snapshot(tuple(d.obj() for d in drafts), tuple(queues), tuple(groups), tuple(pods), tuple(shadows))
+    return groups, pods
 
 
 def _merge_shadows(
@@ -291,7 +340,22 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     )
     build_seconds = time.perf_counter() - t0
     config = SchedulerConfig()
-    profiler = cProfile.Profile() if args.profile else None
+    result, cycle_seconds, cycle_cpu_seconds = _timed_cycle(snapshot, config, args.profile)
+    victims = _timed_victim_selection(with_preemptor(snapshot, args.gpus_per_node), config, args.victim_repeats)
+    return _figures(
+        args,
+        snapshot,
+        result=result,
+        cycle_seconds=cycle_seconds,
+        cycle_cpu_seconds=cycle_cpu_seconds,
+        v=victims,
+        build_seconds=build_seconds,
+    )
+
+
+def _timed_cycle(snapshot: Snapshot, config: SchedulerConfig, profile: int) -> tuple[CycleResult, float, float]:
+    """One cycle, its wall and CPU seconds; with ``profile``, its top functions on stderr."""
+    profiler = cProfile.Profile() if profile else None
     t0, c0 = time.perf_counter(), time.process_time()
     if profiler is not None:
         profiler.enable()
@@ -302,22 +366,34 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     cycle_cpu_seconds = time.process_time() - c0
     if profiler is not None:
         out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(args.profile)
+        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(profile)
         out.write("\n--- by internal time ---\n")
-        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.profile)
+        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(profile)
         print(out.getvalue(), file=sys.stderr)
+    return result, cycle_seconds, cycle_cpu_seconds
 
-    victim_snapshot = with_preemptor(snapshot, args.gpus_per_node)
+
+@dataclass(frozen=True, slots=True)
+class _VictimTimings:
+    wall_ms: list[float]
+    cpu_ms: list[float]
+    victims: list[str]
+    possible: bool
+    open_seconds: float
+
+
+def _timed_victim_selection(snapshot: Snapshot, config: SchedulerConfig, repeats: int) -> _VictimTimings:
+    """Victim selection for the preemptor, ``repeats`` times on one session (each discarded)."""
     timings: list[float] = []
     cpu_timings: list[float] = []
     victims: list[str] = []
     possible = False
     with collector_paused():  # as inside a cycle
         t0 = time.perf_counter()
-        session = open_session(victim_snapshot, config, NOW)
+        session = open_session(snapshot, config, NOW)
         open_seconds = time.perf_counter() - t0
         job = session.state.jobs[PREEMPTOR]
-        for _ in range(max(1, args.victim_repeats)):
+        for _ in range(max(1, repeats)):
             t0, c0 = time.perf_counter(), time.process_time()
             outcome = preempt_gang(session, job)
             timings.append((time.perf_counter() - t0) * 1000.0)
@@ -326,7 +402,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             victims = sorted(str(v.ref) for v in outcome.victims)
             outcome.statement.discard()
         session.state.dispose()
+    return _VictimTimings(timings, cpu_timings, victims, possible, open_seconds)
 
+
+def _figures(
+    args: argparse.Namespace,
+    snapshot: Snapshot,
+    *,
+    result: CycleResult,
+    cycle_seconds: float,
+    cycle_cpu_seconds: float,
+    v: _VictimTimings,
+    build_seconds: float,
+) -> dict[str, Any]:
+    timings, cpu_timings, victims, possible, open_seconds = v.wall_ms, v.cpu_ms, v.victims, v.possible, v.open_seconds
     spot_binds = sum(1 for b in result.binds if b.resource == SPOT_GPU_RESOURCE)
     pods_placed = len(result.binds)
     figures: dict[str, Any] = {

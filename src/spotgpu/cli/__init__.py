@@ -5,6 +5,13 @@ Each subcommand lives in its own module (``spotgpu.cli.<name>`` or a module name
 chosen subcommand's module is imported, so ``spotgpu --help`` and quick commands stay fast and
 a subcommand's heavy dependencies (gRPC, matplotlib, the Kubernetes client) load only when used.
 
+The production image (``deploy/Dockerfile``) leaves out the test and measurement packages
+(:mod:`spotgpu.testing`, :mod:`spotgpu.e2e`, :mod:`spotgpu.bench`); the subcommands that need them
+(``bench``, ``node-e2e``) import them only when they run, name them in :attr:`Command.needs`, and
+without them exit with status 2 and say so. Every other subcommand works without them
+(import-linter contracts in ``pyproject.toml``; ``tests/test_structure.py`` runs them with those
+packages unimportable).
+
 Side effects: whatever the chosen subcommand does; this module only parses arguments.
 """
 
@@ -12,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import signal
 import sys
@@ -34,6 +42,8 @@ class CommandModule(Protocol):
 class Command:
     module: str
     help: str
+    needs: tuple[str, ...] = ()
+    """Packages outside the production image that the subcommand imports when it runs."""
 
 
 COMMANDS: dict[str, Command] = {
@@ -42,8 +52,16 @@ COMMANDS: dict[str, Command] = {
     "scheduler": Command("spotgpu.cli.scheduler", "run the gang scheduler with the spot plugin against a cluster"),
     "status": Command("spotgpu.cli.status", "show nodes (GPUs, lent, owners) and queues of a cluster"),
     "gangjob": Command("spotgpu.cli.gangjob", "submit and inspect GangJobs"),
-    "bench": Command("spotgpu.cli.bench", "run a benchmark and print its figures as JSON"),
-    "node-e2e": Command("spotgpu.cli.node_e2e", "run the full lend/return cycle on this machine (root)"),
+    "bench": Command(
+        "spotgpu.cli.bench",
+        "run a benchmark and print its figures as JSON",
+        needs=("spotgpu.bench", "spotgpu.testing"),
+    ),
+    "node-e2e": Command(
+        "spotgpu.cli.node_e2e",
+        "run the full lend/return cycle on this machine (root)",
+        needs=("spotgpu.e2e", "spotgpu.bench", "spotgpu.testing"),
+    ),
     "guard-holder": Command("spotgpu.cli.guard_holder", "run the guard's notify-fd holder process"),
 }
 
@@ -63,6 +81,20 @@ def stop_on_signals(log: logging.Logger) -> threading.Event:
 
 def _load(name: str) -> CommandModule:
     return cast(CommandModule, importlib.import_module(COMMANDS[name].module))
+
+
+def missing_packages(name: str) -> list[str]:
+    """The packages subcommand ``name`` needs that this installation lacks (the production image
+    has no test or measurement packages)."""
+    missing = []
+    for package in COMMANDS[name].needs:
+        try:
+            found = importlib.util.find_spec(package) is not None
+        except ImportError:
+            found = False
+        if not found:
+            missing.append(package)
+    return missing
 
 
 def build_parser(load: str | None = None) -> argparse.ArgumentParser:
@@ -91,6 +123,14 @@ def build_parser(load: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in args_list if a in COMMANDS), None)
+    missing = missing_packages(chosen) if chosen is not None else []
+    if missing:
+        print(
+            f"spotgpu {chosen}: not part of this installation (no {', '.join(missing)}; the production "
+            "image leaves out the test and measurement packages: install spotgpu from source)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         parser = build_parser(load=chosen)
     except ImportError as exc:  # a subcommand whose optional dependency is missing
@@ -109,4 +149,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-__all__ = ["COMMANDS", "Command", "build_parser", "main", "stop_on_signals"]
+__all__ = ["COMMANDS", "Command", "build_parser", "main", "missing_packages", "stop_on_signals"]

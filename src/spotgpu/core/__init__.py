@@ -12,5 +12,10 @@ Used alike by the scheduler, the agent, spotgpu-runtime and the simulator. Modul
 * :mod:`~spotgpu.core.config`: typed configuration loaded from YAML.
 * :mod:`~spotgpu.core.clock`, :mod:`~spotgpu.core.registry`, :mod:`~spotgpu.core.errors`.
 
-An import-linter contract (pyproject.toml) keeps I/O libraries out of this package.
+Decides what every layer shares: device and twin IDs, references, the annotation codec, the
+lending state machine and the owner-return model, the configuration's validation. No side
+effects, except that :func:`~spotgpu.core.config.read_yaml` and
+:func:`~spotgpu.core.config.load_yaml_file` read the one file they are given. An import-linter
+contract (pyproject.toml) keeps I/O libraries and every other spotgpu package out of it; the
+ports the agent and the runtime talk to the node through are in :mod:`spotgpu.ports`.
 """

@@ -1,7 +1,7 @@
 """What the kubelet allocated: :class:`AllocatedDevices`, one container's devices of one resource.
 
 Plain data, no side effects. The kubelet adapter (:mod:`spotgpu.adapters.kubelet`) produces it
-for the agent's :class:`~spotgpu.agent.node_ports.PodResourcesPort`; it lives in the core so
+for the agent's :class:`~spotgpu.ports.node.PodResourcesPort`; it lives in the core so
 that the adapter, which spotgpu-runtime uses too, imports nothing of the agent (the runtime
 must not reach the agent, not even through an adapter: import-linter's layers contract).
 """

@@ -40,7 +40,7 @@ from spotgpu.adapters.procattr import container_processes
 from spotgpu.bench.agent import percentile
 from spotgpu.core.ids import SPOT_GPU_RESOURCE
 from spotgpu.e2e.node import CTL_PATH, OWNER, Node, NodeSettings, Spot, gpu_fds, gpu_id, gpu_path, twin_of
-from spotgpu.guard.standin import CHECK_VERSION_STR
+from spotgpu.testing.standin import CHECK_VERSION_STR
 
 TARGETS: Final = {"return_hold_ms_p99": 100.0, "leaked_containers": 0, "owner_errors": 0}
 HOLD_SLACK_S: Final = 1.0

@@ -25,7 +25,8 @@ Where the side effects are:
   ``seccomp`` (the notify ioctls, fd passing), ``protocol`` (holder <-> guard messages),
   ``listener`` (runc's listener message), ``support`` (probing runc, libseccomp, the kernel).
 
-Test and measurement support: ``standin`` (a stand-in GPU client), ``testbed`` (runc
-containers), ``gpucheck`` (the rule on a real GPU). Design, guarantees and limits:
+Measurement: ``gpucheck`` (the rule on a real GPU). Test support lives in :mod:`spotgpu.testing`
+(``standin``: a stand-in GPU client; ``guard_testbed``: runc owner containers), which the guard
+never imports. Design, guarantees and limits:
 ``docs/guard.md``.
 """

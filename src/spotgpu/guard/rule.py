@@ -271,6 +271,29 @@ def compose_seccomp(
     Pure; raises :class:`GuardRuleConflict` or :class:`GuardRuleError` as described in the
     module docstring.
     """
+    profile, syscalls = _base_profile(seccomp, machine)
+    default = str(profile.get("defaultAction"))
+    unconditional, effective = _ioctl_action(syscalls, default, match)
+    new_syscalls: list[Any] = []
+    for i, entry in enumerate(syscalls):
+        if i in unconditional:
+            rest = [n for n in entry["names"] if n != "ioctl"]
+            if rest:
+                new_syscalls.append({**copy.deepcopy(dict(entry)), "names": rest})
+        else:
+            new_syscalls.append(copy.deepcopy(entry))
+    new_syscalls.append(_notify_entry(match))
+    if effective != default:
+        new_syscalls.append(_complement_entry(match, effective))
+    profile["syscalls"] = new_syscalls
+    profile["listenerPath"] = listener_path
+    profile["listenerMetadata"] = metadata
+    return profile
+
+
+def _base_profile(seccomp: Mapping[str, Any] | None, machine: str) -> tuple[dict[str, Any], list[Any]]:
+    """A copy of the profile the rule composes with (unconfined when None), and its syscall
+    entries; refused when it is malformed or already has a listener."""
     if seccomp is None:
         profile: dict[str, Any] = {"defaultAction": ALLOW, "syscalls": []}
         if arches := _arches(machine):
@@ -292,7 +315,12 @@ def compose_seccomp(
         syscalls = []
     if not isinstance(syscalls, list):
         raise GuardRuleError("linux.seccomp.syscalls: expected a list")
+    return profile, syscalls
 
+
+def _ioctl_action(syscalls: list[Any], default: str, match: IoctlMatch) -> tuple[list[int], str]:
+    """The entries that answer every ioctl unconditionally (the rule takes ioctl out of them), and
+    the action the profile gives the guard's match; refused when the rule cannot compose."""
     unconditional: list[int] = []  # entries allowing ioctl without conditions
     matched_actions: set[str] = set()
     for i, entry in enumerate(syscalls):
@@ -323,28 +351,13 @@ def compose_seccomp(
         matched_actions.add(str(action))
     if len(matched_actions) > 1:
         raise GuardRuleConflict(f"linux.seccomp: ioctl has several unconditional actions {sorted(matched_actions)}")
-    effective = matched_actions.pop() if matched_actions else str(default)
+    effective = matched_actions.pop() if matched_actions else default
     if effective not in _ALLOWING:
         raise GuardRuleConflict(
             f"linux.seccomp: the profile answers {match.name} ioctls with {effective}; the guard's CONTINUE "
             "would let them through, widening the profile"
         )
-
-    new_syscalls: list[Any] = []
-    for i, entry in enumerate(syscalls):
-        if i in unconditional:
-            rest = [n for n in entry["names"] if n != "ioctl"]
-            if rest:
-                new_syscalls.append({**copy.deepcopy(dict(entry)), "names": rest})
-        else:
-            new_syscalls.append(copy.deepcopy(entry))
-    new_syscalls.append(_notify_entry(match))
-    if effective != default:
-        new_syscalls.append(_complement_entry(match, effective))
-    profile["syscalls"] = new_syscalls
-    profile["listenerPath"] = listener_path
-    profile["listenerMetadata"] = metadata
-    return profile
+    return unconditional, effective
 
 
 def apply_guard_rule(spec: dict[str, Any], *, listener_path: str, owner: ContainerRef) -> None:

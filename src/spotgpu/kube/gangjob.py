@@ -219,6 +219,52 @@ class _Builder:
                 self.actions.append(DeleteObject(kind, str(meta.get("namespace", "")), str(meta.get("name")), reason))
 
 
+@dataclass(slots=True)
+class _Attempt:
+    """The attempt a reconcile works on: what the job's status says, and its objects."""
+
+    job: Mapping[str, Any]
+    view: GangJobView
+    status: JSON
+    podgroups: list[Mapping[str, Any]]
+    pods: list[Mapping[str, Any]]
+    attempt: int
+    evictions: int
+    retries: int
+    current_pg: str = ""
+    desired: JSON = field(default_factory=dict)
+    mine: list[Mapping[str, Any]] = field(default_factory=list)
+    """The pods of this attempt."""
+    stale_pods: list[Mapping[str, Any]] = field(default_factory=list)
+    stale_groups: list[Mapping[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.current_pg = podgroup_name(self.view.name, self.attempt)
+        self.mine = [p for p in self.pods if _attempt_of(p) == self.attempt]
+        self.stale_pods = [p for p in self.pods if _attempt_of(p) != self.attempt]
+        self.stale_groups = [g for g in self.podgroups if name_of(g) != self.current_pg]
+        self.desired = {
+            "observedGeneration": self.view.generation,
+            "attempt": self.attempt,
+            "podGroup": self.current_pg,
+        }
+
+    def start_next(self) -> None:
+        """Move on to the next attempt (nothing of it exists yet)."""
+        self.attempt += 1
+        self.retries += 1
+        self.current_pg = podgroup_name(self.view.name, self.attempt)
+        self.desired = {
+            "observedGeneration": self.view.generation,
+            "attempt": self.attempt,
+            "retries": self.retries,
+            "podGroup": self.current_pg,
+            "message": f"attempt {self.attempt} after {self.evictions} eviction(s)",
+        }
+        self.mine, self.stale_pods, self.stale_groups = [], [], []
+        self.status = {**self.status, "podGroup": None}  # nothing of this attempt was created yet
+
+
 def reconcile(
     job: Mapping[str, Any],
     podgroups: Iterable[Mapping[str, Any]],
@@ -244,50 +290,66 @@ def reconcile(
         phase = GangJobPhase(status.get("phase") or GangJobPhase.PENDING.value)
     except ValueError:
         phase = GangJobPhase.PENDING
-    attempt = int(status.get("attempt") or 0)
-    evictions = int(status.get("evictions") or 0)
-    retries = int(status.get("retries") or 0)
-    current_pg = podgroup_name(view.name, attempt)
-    mine = [p for p in pods if _attempt_of(p) == attempt]
-    stale_pods = [p for p in pods if _attempt_of(p) != attempt]
-    stale_groups = [g for g in podgroups if name_of(g) != current_pg]
-    desired: JSON = {"observedGeneration": view.generation, "attempt": attempt, "podGroup": current_pg}
-
+    at = _Attempt(
+        job,
+        view,
+        status,
+        podgroups,
+        pods,
+        attempt=int(status.get("attempt") or 0),
+        evictions=int(status.get("evictions") or 0),
+        retries=int(status.get("retries") or 0),
+    )
     if phase in FINAL_PHASES:
-        b.delete_all(stale_pods, "Pod", f"attempt {attempt} is final")
-        b.delete_all(stale_groups, "PodGroup", f"attempt {attempt} is final")
-        if phase is GangJobPhase.FAILED:
-            b.delete_all([p for p in mine if pod_phase(p) not in ("Succeeded", "Failed")], "Pod", "GangJob failed")
-        return _finish(status, b, {**desired, "phase": phase.value})
-
+        return _final(at, phase, b)
     if phase is GangJobPhase.REQUEUED:
-        b.delete_all(pods, "Pod", f"gang {current_pg} was evicted")
-        b.delete_all(podgroups, "PodGroup", f"gang {current_pg} was evicted")
-        due = parse_time(status.get("nextAttemptTime")) or now
-        if now < due or any(True for _ in pods):
-            # wait for the backoff, and for the old members to be gone, before the next attempt
-            wait = max(due - now, 1.0 if pods else 0.0)
-            return _finish(status, b, {**desired, "phase": phase.value}, requeue_after=wait)
-        attempt += 1
-        retries += 1
-        current_pg = podgroup_name(view.name, attempt)
-        desired = {
-            "observedGeneration": view.generation,
-            "attempt": attempt,
-            "retries": retries,
-            "podGroup": current_pg,
-            "message": f"attempt {attempt} after {evictions} eviction(s)",
-        }
-        mine, stale_pods, stale_groups = [], [], []
-        status = {**status, "podGroup": None}  # nothing of this attempt was created yet
+        waiting = _requeued(at, b, now)
+        if waiting is not None:
+            return waiting
+    b.delete_all(at.stale_pods, "Pod", f"left over from an earlier attempt of {view.name}")
+    b.delete_all(at.stale_groups, "PodGroup", f"left over from an earlier attempt of {view.name}")
+    created = at.status.get("podGroup") == at.current_pg
+    by_name = {name_of(p): p for p in at.mine}
+    wanted = [f"{at.current_pg}-{i}" for i in range(view.replicas)]
+    evicted, reason = _evicted_members(wanted, by_name, created=created, expected=expected, gone=gone or {})
+    if evicted:
+        return _on_eviction(at, b, evicted, reason, now)
+    return _progress(at, b, wanted, by_name, created=created)
 
-    b.delete_all(stale_pods, "Pod", f"left over from an earlier attempt of {view.name}")
-    b.delete_all(stale_groups, "PodGroup", f"left over from an earlier attempt of {view.name}")
 
-    # -- eviction: any member marked DisruptionTarget, or gone although we recorded creating it
-    created = status.get("podGroup") == current_pg
-    by_name = {name_of(p): p for p in mine}
-    wanted = [f"{current_pg}-{i}" for i in range(view.replicas)]
+def _final(at: _Attempt, phase: GangJobPhase, b: _Builder) -> Plan:
+    """A final job: only clean up (a failed job's members still running are deleted)."""
+    b.delete_all(at.stale_pods, "Pod", f"attempt {at.attempt} is final")
+    b.delete_all(at.stale_groups, "PodGroup", f"attempt {at.attempt} is final")
+    if phase is GangJobPhase.FAILED:
+        b.delete_all([p for p in at.mine if pod_phase(p) not in ("Succeeded", "Failed")], "Pod", "GangJob failed")
+    return _finish(at.status, b, {**at.desired, "phase": phase.value})
+
+
+def _requeued(at: _Attempt, b: _Builder, now: float) -> Plan | None:
+    """A requeued job: tear the evicted gang down; once the backoff passed and its members are
+    gone, move on to the next attempt (None), else wait (the plan)."""
+    b.delete_all(at.pods, "Pod", f"gang {at.current_pg} was evicted")
+    b.delete_all(at.podgroups, "PodGroup", f"gang {at.current_pg} was evicted")
+    due = parse_time(at.status.get("nextAttemptTime")) or now
+    if now < due or any(True for _ in at.pods):
+        # wait for the backoff, and for the old members to be gone, before the next attempt
+        wait = max(due - now, 1.0 if at.pods else 0.0)
+        return _finish(at.status, b, {**at.desired, "phase": GangJobPhase.REQUEUED.value}, requeue_after=wait)
+    at.start_next()
+    return None
+
+
+def _evicted_members(
+    wanted: Iterable[str],
+    by_name: Mapping[str, Mapping[str, Any]],
+    *,
+    created: bool,
+    expected: frozenset[str],
+    gone: Mapping[str, str],
+) -> tuple[list[str], str]:
+    """The members evicted: marked ``DisruptionTarget``, or gone although this controller recorded
+    creating them (and not merely unseen yet); with the first one's reason."""
     evicted: list[str] = []
     reason = ""
     for name in wanted:
@@ -295,63 +357,74 @@ def reconcile(
         if pod is None:
             if created and name not in expected:
                 evicted.append(name)
-                reason = reason or (gone or {}).get(name) or "deleted"
+                reason = reason or gone.get(name) or "deleted"
             continue
         cond = disruption(pod)
         if cond is not None:
             evicted.append(name)
             reason = reason or str(cond.get("reason") or EvictionReason.RESERVED_PREEMPT.value)
-    if evicted:
-        evictions += 1
-        b.delete_all(mine, "Pod", f"gang {current_pg} was evicted ({reason})")
-        b.delete_all([g for g in podgroups if name_of(g) == current_pg], "PodGroup", f"gang {current_pg} was evicted")
-        eviction = {
-            **desired,
-            "evictions": evictions,
-            "lastEvictionTime": format_time(now),
-            "lastEvictionReason": reason,
-            "running": 0,
-        }
-        if evictions > view.retry_limit:
-            msg = f"evicted {evictions} time(s), more than retryLimit {view.retry_limit}; last: {', '.join(evicted)}"
-            return _finish(status, b, {**eviction, "phase": GangJobPhase.FAILED.value, "message": msg}, evicted, reason)
-        delay = requeue_delay(view, evictions)
-        msg = f"evicted ({reason}: {', '.join(evicted)}); requeued, next attempt in {delay:.0f}s"
-        return _finish(
-            status,
-            b,
-            {
-                **eviction,
-                "phase": GangJobPhase.REQUEUED.value,
-                "nextAttemptTime": format_time(math.ceil(now + delay)),  # never earlier than the backoff
-                "message": msg,
-            },
-            evicted,
-            reason,
-            requeue_after=max(delay, 0.001),
-        )
+    return evicted, reason
 
-    # -- create what is missing of the current attempt
-    if not any(name_of(g) == current_pg for g in podgroups):
-        b.actions.append(CreateObject("PodGroup", build_podgroup(job, view, attempt)))
+
+def _on_eviction(at: _Attempt, b: _Builder, evicted: list[str], reason: str, now: float) -> Plan:
+    """Tear the gang down; requeue it with backoff, or fail it past ``retryLimit``."""
+    view = at.view
+    evictions = at.evictions + 1
+    b.delete_all(at.mine, "Pod", f"gang {at.current_pg} was evicted ({reason})")
+    b.delete_all(
+        [g for g in at.podgroups if name_of(g) == at.current_pg], "PodGroup", f"gang {at.current_pg} was evicted"
+    )
+    eviction = {
+        **at.desired,
+        "evictions": evictions,
+        "lastEvictionTime": format_time(now),
+        "lastEvictionReason": reason,
+        "running": 0,
+    }
+    if evictions > view.retry_limit:
+        msg = f"evicted {evictions} time(s), more than retryLimit {view.retry_limit}; last: {', '.join(evicted)}"
+        return _finish(at.status, b, {**eviction, "phase": GangJobPhase.FAILED.value, "message": msg}, evicted, reason)
+    delay = requeue_delay(view, evictions)
+    msg = f"evicted ({reason}: {', '.join(evicted)}); requeued, next attempt in {delay:.0f}s"
+    return _finish(
+        at.status,
+        b,
+        {
+            **eviction,
+            "phase": GangJobPhase.REQUEUED.value,
+            "nextAttemptTime": format_time(math.ceil(now + delay)),  # never earlier than the backoff
+            "message": msg,
+        },
+        evicted,
+        reason,
+        requeue_after=max(delay, 0.001),
+    )
+
+
+def _progress(
+    at: _Attempt, b: _Builder, wanted: list[str], by_name: Mapping[str, Mapping[str, Any]], *, created: bool
+) -> Plan:
+    """Create what is missing of the current attempt and report its phase from its members'."""
+    view = at.view
+    if not any(name_of(g) == at.current_pg for g in at.podgroups):
+        b.actions.append(CreateObject("PodGroup", build_podgroup(at.job, view, at.attempt)))
     for index, name in enumerate(wanted):
         if name not in by_name and not created:
-            b.actions.append(CreateObject("Pod", build_pod(job, view, attempt, index)))
-
+            b.actions.append(CreateObject("Pod", build_pod(at.job, view, at.attempt, index)))
     phases = [pod_phase(by_name[n]) for n in wanted if n in by_name]
     failed = [n for n in wanted if n in by_name and pod_phase(by_name[n]) == "Failed"]
     if failed:
-        b.delete_all(mine, "Pod", f"member {failed[0]} failed")
+        b.delete_all(at.mine, "Pod", f"member {failed[0]} failed")
         return _finish(
-            status,
+            at.status,
             b,
-            {**desired, "phase": GangJobPhase.FAILED.value, "message": f"member(s) failed: {', '.join(failed)}"},
+            {**at.desired, "phase": GangJobPhase.FAILED.value, "message": f"member(s) failed: {', '.join(failed)}"},
         )
     if len(phases) == view.replicas and all(p == "Succeeded" for p in phases):
-        return _finish(status, b, {**desired, "phase": GangJobPhase.SUCCEEDED.value, "running": 0})
+        return _finish(at.status, b, {**at.desired, "phase": GangJobPhase.SUCCEEDED.value, "running": 0})
     running = sum(1 for p in phases if p == "Running")
     new_phase = GangJobPhase.RUNNING if running >= view.min_available else GangJobPhase.PENDING
-    return _finish(status, b, {**desired, "phase": new_phase.value, "running": running})
+    return _finish(at.status, b, {**at.desired, "phase": new_phase.value, "running": running})
 
 
 def _finish(

@@ -41,13 +41,16 @@ Where each part comes from:
 
 Objects that are malformed, or whose PodGroup or queue is missing, are left out and reported in
 :attr:`SnapshotBuild.skipped`; one bad object never stops scheduling for everyone else.
+
+Parts: the agent's node annotation is read by :mod:`spotgpu.kube.nodestate`; placements the
+snapshot cannot hold together are left out by :mod:`spotgpu.kube.snapshot_checks`; this module
+translates the objects one by one (nodes, queues, PodGroups, pods and ShadowPods).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,11 +67,11 @@ from spotgpu.core.ids import (
     from_spot_id,
     validate_device_id,
 )
-from spotgpu.core.mapping_cache import IDLE_SPACE
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.shadow import ShadowCheck, ShadowClaim, check_shadow
-from spotgpu.core.types import GPU_MILLI, Health, QueueType, SpotPriority
+from spotgpu.core.types import QueueType, SpotPriority
 from spotgpu.kube.leases import parse_idle_forecast, pod_lease
+from spotgpu.kube.nodestate import SpotUse, parse_spot_state
 from spotgpu.kube.objects import (
     container_requests,
     disruption,
@@ -79,6 +82,7 @@ from spotgpu.kube.objects import (
     pod_start_time,
 )
 from spotgpu.kube.resources import ObjectError, PodGroupView, QueueView, name_of, namespace_of, parse_time
+from spotgpu.kube.snapshot_checks import SkipFn, check_spot_use, claim_devices, reported_use
 from spotgpu.scheduler.model import (
     GPU,
     GPURequest,
@@ -128,61 +132,6 @@ class SnapshotBuild:
     """Entries of ``spotgpu.io/idle-forecast`` annotations left out as malformed (see :func:`parse_idle_forecast`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class SpotUse:
-    """What the agent's node state says about spot use of one real GPU."""
-
-    pods: tuple[PodRef, ...] = ()
-    """Spot pods holding its twins (pod-resources: the kubelet's real allocation)."""
-    replicas: int = 0
-    """Shared replicas the agent serves per GPU (0: none)."""
-
-
-def parse_node_state(node: str, text: str) -> dict[DeviceID, tuple[ContainerRef | None, Health]]:
-    """The agent's ``spotgpu.io/spot-gpu-state``: real device -> (owner or None, twin health)."""
-    return {d: (owner, health) for d, (owner, health, _) in _parse_state(node, text).items()}
-
-
-def _parse_state(node: str, text: str) -> dict[DeviceID, tuple[ContainerRef | None, Health, SpotUse]]:
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise ObjectError(f"node {node}: annotation {keys.NODE_SPOT_GPU_STATE} is not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ObjectError(f"node {node}: annotation {keys.NODE_SPOT_GPU_STATE} must be a JSON object")
-    out: dict[DeviceID, tuple[ContainerRef | None, Health, SpotUse]] = {}
-    for raw_id, entry in data.items():
-        where = f"node {node}: {keys.NODE_SPOT_GPU_STATE}[{raw_id!r}]"
-        try:
-            device = validate_device_id(raw_id)
-        except ValidationError as exc:
-            raise ObjectError(f"{where}: {exc}") from None
-        if not isinstance(entry, dict):
-            raise ObjectError(f"{where}: must be an object")
-        raw_owner = entry.get("owner")
-        owner: ContainerRef | None = None
-        if raw_owner not in (None, "", IDLE_SPACE.format()):
-            try:
-                owner = ContainerRef.parse(raw_owner)
-            except ValidationError as exc:
-                raise ObjectError(f"{where}: owner: {exc}") from None
-        try:
-            health = Health(entry.get("health", Health.UNHEALTHY.value))
-        except ValueError:
-            raise ObjectError(f"{where}: health {entry.get('health')!r} is not Healthy or Unhealthy") from None
-        raw_pods, replicas = entry.get("pods", []), entry.get("replicas", 0)
-        if not isinstance(raw_pods, list) or not all(isinstance(p, str) for p in raw_pods):
-            raise ObjectError(f"{where}: pods must be a list of 'namespace/name'")
-        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
-            raise ObjectError(f"{where}: replicas must be a whole number >= 0")
-        try:
-            pods = tuple(PodRef.parse(p) for p in raw_pods)
-        except ValidationError as exc:
-            raise ObjectError(f"{where}: pods: {exc}") from None
-        out[device] = (owner, health, SpotUse(pods, replicas))
-    return out
-
-
 def _assigned(obj: Mapping[str, Any], where: str) -> dict[str, list[str]]:
     raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(keys.ASSIGNED_DEVICES)
     if not raw:
@@ -225,6 +174,308 @@ def shadow_claim(obj: Mapping[str, Any], shadow_namespace: str = keys.DEFAULT_SH
     )
 
 
+class _LeftOut(Exception):
+    """An object the snapshot leaves out: its kind and why (the loop records it as skipped)."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class _NodeFacts:
+    """The nodes, and what their agents report that the pods' translation needs."""
+
+    nodes: list[Node] = field(default_factory=list)
+    owners: dict[str, dict[ContainerRef, list[DeviceID]]] = field(default_factory=dict)
+    """Per node, the real GPUs of each owner container."""
+    spot_use: dict[str, dict[DeviceID, SpotUse]] = field(default_factory=dict)
+    """Per node, the spot use of each real GPU."""
+    forecasts_ignored: int = 0
+
+
+def _translate_node(obj: Mapping[str, Any], state: str, cfg: TranslateConfig, facts: _NodeFacts, skip: SkipFn) -> None:
+    """Add one node with a spotgpu agent to ``facts`` (or leave it out, reported)."""
+    name = name_of(obj)
+    meta = obj.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    try:
+        node_state = parse_spot_state(name, state)
+        lending, strategy = parse_node_annotations(name, annotations)
+        gpus = tuple(GPU(d, owner=o, twin=h) for d, (o, h, _) in sorted(node_state.items()))
+        forecast, ignored = parse_idle_forecast(name, annotations.get(keys.NODE_IDLE_FORECAST), node_state)
+        facts.nodes.append(
+            Node(
+                NodeName(name),
+                gpus,
+                resource=cfg.gpu_resource,
+                lending=lending,
+                strategy=strategy,
+                schedulable=node_schedulable(obj),
+                pool=str((meta.get("labels") or {}).get(cfg.pool_label, "")),
+                idle_forecast=forecast,
+            )
+        )
+        if ignored:
+            facts.forecasts_ignored += ignored.count
+            skip("IdleForecast", name, ignored.reason())
+    except ValidationError as exc:
+        skip("Node", name, str(exc))
+        return
+    facts.spot_use[name] = {d: use for d, (_, _, use) in node_state.items()}
+    by_owner: dict[ContainerRef, list[DeviceID]] = {}
+    for real in gpus:
+        if real.owner is not None:
+            by_owner.setdefault(real.owner, []).append(real.id)
+    facts.owners[name] = by_owner
+
+
+def _translate_nodes(nodes: Iterable[Mapping[str, Any]], cfg: TranslateConfig, skip: SkipFn) -> _NodeFacts:
+    """Every node whose agent publishes its state; nodes without one are not scheduled onto."""
+    facts = _NodeFacts()
+    for obj in nodes:
+        state = ((obj.get("metadata") or {}).get("annotations") or {}).get(keys.NODE_SPOT_GPU_STATE)
+        if state is not None:
+            _translate_node(obj, state, cfg, facts, skip)
+    return facts
+
+
+def _translate_queues(queues: Iterable[Mapping[str, Any]], skip: SkipFn) -> dict[str, Queue]:
+    out: dict[str, Queue] = {}
+    for obj in queues:
+        try:
+            qv = QueueView.parse(obj)
+            out[qv.name] = Queue(qv.name, qv.type, qv.weight, qv.capacity_milli)
+        except ValidationError as exc:
+            skip("Queue", name_of(obj), str(exc))
+    return out
+
+
+def _translate_group(
+    obj: Mapping[str, Any], queues: Mapping[str, Queue], priority_values: Mapping[str, int]
+) -> PodGroup:
+    """One PodGroup: a spot one's priority class is its spot priority, a reserved one's the value
+    of its PriorityClass."""
+    gv = PodGroupView.parse(obj)
+    queue = queues.get(gv.queue)
+    if queue is None:
+        raise _LeftOut("PodGroup", f"queue {gv.queue!r} does not exist")
+    spot_priority = None
+    priority = 0
+    if queue.type is QueueType.SPOT:
+        spot_priority = SpotPriority.parse(gv.priority_class or SpotPriority.SPOTLOW.value)
+        priority = spot_priority.value_int
+    elif gv.priority_class:
+        priority = priority_values.get(gv.priority_class, 0)
+    try:
+        phase = PodGroupPhase(gv.phase)
+    except ValueError:
+        phase = PodGroupPhase.PENDING
+    ref = PodRef(gv.namespace, gv.name)
+    return PodGroup(
+        ref,
+        gv.queue,
+        min_member=gv.min_member,
+        priority=priority,
+        spot_priority=spot_priority,
+        phase=phase,
+        created_at=gv.created_at,
+        pool=gv.pool,
+        min_lease=gv.min_lease or 0.0,
+        checkpoint_interval=gv.checkpoint_interval or 0.0,
+    )
+
+
+def _translate_groups(
+    podgroups: Iterable[Mapping[str, Any]],
+    queues: Mapping[str, Queue],
+    priority_classes: Iterable[Mapping[str, Any]],
+    skip: SkipFn,
+) -> dict[PodRef, PodGroup]:
+    priority_values = {name_of(pc): int(pc.get("value") or 0) for pc in priority_classes}
+    groups: dict[PodRef, PodGroup] = {}
+    for obj in podgroups:
+        key = f"{namespace_of(obj)}/{name_of(obj)}"
+        try:
+            group = _translate_group(obj, queues, priority_values)
+            groups[group.ref] = group
+        except _LeftOut as out:
+            skip(out.kind, key, out.reason)
+        except ValidationError as exc:
+            skip("PodGroup", key, str(exc))
+    return groups
+
+
+def _gpu_request(resource: str, count: int, annotations: Mapping[str, str]) -> GPURequest:
+    """The GPU request of a pod's GPU container (module docstring: exclusive, shared, reserved)."""
+    if resource == SPOT_GPU_SHARED_RESOURCE:
+        if count != 1 or not annotations.get(keys.SPOT_GPU_MILLI):
+            raise _LeftOut(
+                "Pod",
+                f"requests {count} {SPOT_GPU_SHARED_RESOURCE}; a shared spot pod requests exactly 1 "
+                f"and gives its share in {keys.SPOT_GPU_MILLI}",
+            )
+        return GPURequest.shared(int(annotations[keys.SPOT_GPU_MILLI]))
+    if resource == SPOT_GPU_RESOURCE and annotations.get(keys.SPOT_GPU_MILLI):
+        return GPURequest.shared(int(annotations[keys.SPOT_GPU_MILLI]))
+    if resource == SPOT_GPU_RESOURCE:
+        return GPURequest.spot(count)
+    return GPURequest.reserved(count, ResourceName(resource))
+
+
+class _PodTranslator:
+    """Pods and ShadowPods, with the PodGroups of lone pods (module docstring)."""
+
+    def __init__(
+        self,
+        cfg: TranslateConfig,
+        facts: _NodeFacts,
+        queues: Mapping[str, Queue],
+        groups: dict[PodRef, PodGroup],
+        skip: SkipFn,
+    ) -> None:
+        self.cfg = cfg
+        self.facts = facts
+        self.queues = queues
+        self.groups = groups
+        self.skip = skip
+        self.pods: list[Pod] = []
+        self.shadows: list[ShadowPod] = []
+        self.forged: list[Skipped] = []
+        self.objects: dict[PodRef, JSON] = {}
+
+    def translate(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        for obj in pods:
+            where = f"pod {namespace_of(obj)}/{name_of(obj)}"
+            key = f"{namespace_of(obj)}/{name_of(obj)}"
+            if pod_phase(obj) in ("Succeeded", "Failed"):
+                continue
+            try:
+                self._translate(obj, key, where)
+            except _LeftOut as out:
+                self.skip(out.kind, key, out.reason)
+            except ValidationError as exc:
+                self.skip("Pod", key, str(exc))
+            except ValueError as exc:
+                self.skip("Pod", key, f"{where}: {exc}")
+
+    def _translate(self, obj: Mapping[str, Any], key: str, where: str) -> None:
+        ref = pod_ref(obj)
+        node = (obj.get("spec") or {}).get("nodeName")
+        created_at = parse_time((obj.get("metadata") or {}).get("creationTimestamp")) or 0.0
+        claim = shadow_claim(obj, self.cfg.shadow_namespace)
+        if claim.claim is ShadowClaim.FORGED:
+            self.forged.append(Skipped("ForgedShadowPod", key, f"{claim.reason}: translated as an ordinary pod"))
+        if claim.authentic:
+            self.shadows.append(self._shadow(obj, ref, node, created_at, where))
+        else:
+            self.pods.append(self._pod(obj, ref, node, created_at, where))
+        self.objects[ref] = dict(obj)
+
+    def _shadow(
+        self, obj: Mapping[str, Any], ref: PodRef, node: str | None, created_at: float, where: str
+    ) -> ShadowPod:
+        """The GPUs a ShadowPod holds: what the agent reports, its assignment until then."""
+        if not node:
+            raise _LeftOut("ShadowPod", "has no node")
+        containers = (obj.get("spec") or {}).get("containers") or [{}]
+        container = str(containers[0].get("name") or "main")
+        reported = self.facts.owners.get(node, {}).get(ContainerRef(ref.namespace, ref.name, container))
+        held = tuple(reported or ())
+        if not held:  # just created: the agent does not report it yet
+            held = tuple(validate_device_id(d) for ids in _assigned(obj, where).values() for d in ids)
+        raw_group = ((obj.get("metadata") or {}).get("annotations") or {}).get(keys.SHADOW_FOR)
+        return ShadowPod(
+            ref,
+            NodeName(node),
+            held,
+            container=container,
+            group=PodRef.parse(raw_group) if raw_group else None,
+            created_at=created_at,
+            deleting=is_deleting(obj),
+        )
+
+    def _pod(self, obj: Mapping[str, Any], ref: PodRef, node: str | None, created_at: float, where: str) -> Pod:
+        gpu = _gpu_container(obj, self.cfg, where)
+        if gpu is None:
+            raise _LeftOut("Pod", f"requests neither {SPOT_GPU_RESOURCE} nor {self.cfg.gpu_resource}")
+        container, resource, count = gpu
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        request = _gpu_request(resource, count, annotations)
+        group_name = self._group_of(ref, labels, annotations, created_at, where)
+        devices: tuple[DeviceID, ...] = ()
+        if node:
+            devices = self._devices(
+                obj, ref, node, request=request, resource=resource, container=container, where=where
+            )
+        return Pod(
+            ref,
+            group_name,
+            request,
+            container=container,
+            node=NodeName(node) if node else None,
+            devices=devices,
+            start_time=pod_start_time(obj),
+            evicting=is_deleting(obj) or disruption(obj) is not None,
+            nominated=None if node else _nomination(obj, where),
+            created_at=created_at,
+        )
+
+    def _group_of(
+        self, ref: PodRef, labels: Mapping[str, str], annotations: Mapping[str, str], created_at: float, where: str
+    ) -> str:
+        """The pod's PodGroup name; a lone pod gets a PodGroup of its own in its queue."""
+        group_name = labels.get(keys.POD_GROUP)
+        if group_name is not None:
+            if PodRef(ref.namespace, group_name) not in self.groups:
+                raise _LeftOut("Pod", f"its PodGroup {group_name!r} does not exist (yet)")
+            return group_name
+        queue_name = labels.get(keys.QUEUE, self.cfg.default_queue)
+        queue = self.queues.get(queue_name)
+        if queue is None:
+            raise _LeftOut("Pod", f"has no PodGroup and its queue {queue_name!r} does not exist")
+        gref = PodRef(ref.namespace, ref.name)
+        if gref not in self.groups:
+            spot = SpotPriority.SPOTLOW if queue.type is QueueType.SPOT else None
+            min_lease, checkpoint = pod_lease(annotations, where)
+            self.groups[gref] = PodGroup(
+                gref,
+                queue_name,
+                min_member=1,
+                spot_priority=spot,
+                priority=spot.value_int if spot else 0,
+                created_at=created_at,
+                min_lease=min_lease,
+                checkpoint_interval=checkpoint,
+            )
+        return ref.name
+
+    def _devices(
+        self,
+        obj: Mapping[str, Any],
+        ref: PodRef,
+        node: str,
+        *,
+        request: GPURequest,
+        resource: str,
+        container: str,
+        where: str,
+    ) -> tuple[DeviceID, ...]:
+        """A placed pod's real GPUs: a spot pod's as the agent reports its use, else its assigned
+        twins; a reserved pod's as the agent reports it holding, else its assignment."""
+        assigned = _assigned(obj, where)
+        if request.is_spot:
+            used = reported_use(self.facts.spot_use.get(node, {}), ref)
+            return used or tuple(from_spot_id(d) for d in assigned.get(SPOT_GPU_RESOURCE, ()))
+        owner = ContainerRef(ref.namespace, ref.name, container)
+        devices = tuple(self.facts.owners.get(node, {}).get(owner, ()))
+        if not devices and resource in assigned:
+            devices = tuple(validate_device_id(d) for d in assigned[resource])
+        return devices
+
+
 def build_snapshot(
     *,
     nodes: Iterable[Mapping[str, Any]],
@@ -234,223 +485,20 @@ def build_snapshot(
     priority_classes: Iterable[Mapping[str, Any]] = (),
     config: TranslateConfig | None = None,
 ) -> SnapshotBuild:
+    """The scheduler's snapshot of the cluster, and what was left out (module docstring)."""
     cfg = config or TranslateConfig()
     skipped: list[Skipped] = []
-    forged: list[Skipped] = []
-    pod_objects: dict[PodRef, JSON] = {}
 
     def skip(kind: str, key: str, reason: str) -> None:
         skipped.append(Skipped(kind, key, reason))
 
-    # -- nodes
-    snap_nodes: list[Node] = []
-    forecasts_ignored = 0
-    owners_by_node: dict[str, dict[ContainerRef, list[DeviceID]]] = {}
-    spot_use: dict[str, dict[DeviceID, SpotUse]] = {}
-    for obj in nodes:
-        name = name_of(obj)
-        meta = obj.get("metadata") or {}
-        annotations = meta.get("annotations") or {}
-        state = annotations.get(keys.NODE_SPOT_GPU_STATE)
-        if state is None:
-            continue
-        try:
-            node_state = _parse_state(name, state)
-            lending, strategy = parse_node_annotations(name, annotations)
-            gpus = tuple(GPU(d, owner=o, twin=h) for d, (o, h, _) in sorted(node_state.items()))
-            forecast, ignored = parse_idle_forecast(name, annotations.get(keys.NODE_IDLE_FORECAST), node_state)
-            snap_nodes.append(
-                Node(
-                    NodeName(name),
-                    gpus,
-                    resource=cfg.gpu_resource,
-                    lending=lending,
-                    strategy=strategy,
-                    schedulable=node_schedulable(obj),
-                    pool=str((meta.get("labels") or {}).get(cfg.pool_label, "")),
-                    idle_forecast=forecast,
-                )
-            )
-            if ignored:
-                forecasts_ignored += ignored.count
-                skip("IdleForecast", name, ignored.reason())
-        except ValidationError as exc:
-            skip("Node", name, str(exc))
-            continue
-        spot_use[name] = {d: use for d, (_, _, use) in node_state.items()}
-        by_owner: dict[ContainerRef, list[DeviceID]] = {}
-        for real in gpus:
-            if real.owner is not None:
-                by_owner.setdefault(real.owner, []).append(real.id)
-        owners_by_node[name] = by_owner
-
-    # -- queues
-    snap_queues: dict[str, Queue] = {}
-    for obj in queues:
-        try:
-            qv = QueueView.parse(obj)
-            snap_queues[qv.name] = Queue(qv.name, qv.type, qv.weight, qv.capacity_milli)
-        except ValidationError as exc:
-            skip("Queue", name_of(obj), str(exc))
-
-    # -- priority classes and groups
-    priority_values = {name_of(pc): int(pc.get("value") or 0) for pc in priority_classes}
-    groups: dict[PodRef, PodGroup] = {}
-    for obj in podgroups:
-        key = f"{namespace_of(obj)}/{name_of(obj)}"
-        try:
-            gv = PodGroupView.parse(obj)
-            queue = snap_queues.get(gv.queue)
-            if queue is None:
-                skip("PodGroup", key, f"queue {gv.queue!r} does not exist")
-                continue
-            spot_priority = None
-            priority = 0
-            if queue.type is QueueType.SPOT:
-                spot_priority = SpotPriority.parse(gv.priority_class or SpotPriority.SPOTLOW.value)
-                priority = spot_priority.value_int
-            elif gv.priority_class:
-                priority = priority_values.get(gv.priority_class, 0)
-            try:
-                phase = PodGroupPhase(gv.phase)
-            except ValueError:
-                phase = PodGroupPhase.PENDING
-            ref = PodRef(gv.namespace, gv.name)
-            groups[ref] = PodGroup(
-                ref,
-                gv.queue,
-                min_member=gv.min_member,
-                priority=priority,
-                spot_priority=spot_priority,
-                phase=phase,
-                created_at=gv.created_at,
-                pool=gv.pool,
-                min_lease=gv.min_lease or 0.0,
-                checkpoint_interval=gv.checkpoint_interval or 0.0,
-            )
-        except ValidationError as exc:
-            skip("PodGroup", key, str(exc))
-
-    # -- pods and shadows
-    snap_pods: list[Pod] = []
-    shadows: list[ShadowPod] = []
-    for obj in pods:
-        where = f"pod {namespace_of(obj)}/{name_of(obj)}"
-        key = f"{namespace_of(obj)}/{name_of(obj)}"
-        if pod_phase(obj) in ("Succeeded", "Failed"):
-            continue
-        try:
-            ref = pod_ref(obj)
-            node = (obj.get("spec") or {}).get("nodeName")
-            created_at = parse_time((obj.get("metadata") or {}).get("creationTimestamp")) or 0.0
-            claim = shadow_claim(obj, cfg.shadow_namespace)
-            if claim.claim is ShadowClaim.FORGED:
-                forged.append(Skipped("ForgedShadowPod", key, f"{claim.reason}: translated as an ordinary pod"))
-            if claim.authentic:
-                if not node:
-                    skip("ShadowPod", key, "has no node")
-                    continue
-                containers = (obj.get("spec") or {}).get("containers") or [{}]
-                container = str(containers[0].get("name") or "main")
-                reported = owners_by_node.get(node, {}).get(ContainerRef(ref.namespace, ref.name, container))
-                held = tuple(reported or ())
-                if not held:  # just created: the agent does not report it yet
-                    held = tuple(validate_device_id(d) for ids in _assigned(obj, where).values() for d in ids)
-                raw_group = ((obj.get("metadata") or {}).get("annotations") or {}).get(keys.SHADOW_FOR)
-                shadows.append(
-                    ShadowPod(
-                        ref,
-                        NodeName(node),
-                        held,
-                        container=container,
-                        group=PodRef.parse(raw_group) if raw_group else None,
-                        created_at=created_at,
-                        deleting=is_deleting(obj),
-                    )
-                )
-                pod_objects[ref] = dict(obj)
-                continue
-            gpu = _gpu_container(obj, cfg, where)
-            if gpu is None:
-                skip("Pod", key, f"requests neither {SPOT_GPU_RESOURCE} nor {cfg.gpu_resource}")
-                continue
-            container, resource, count = gpu
-            annotations = (obj.get("metadata") or {}).get("annotations") or {}
-            labels = (obj.get("metadata") or {}).get("labels") or {}
-            if resource == SPOT_GPU_SHARED_RESOURCE:
-                if count != 1 or not annotations.get(keys.SPOT_GPU_MILLI):
-                    skip(
-                        "Pod",
-                        key,
-                        f"requests {count} {SPOT_GPU_SHARED_RESOURCE}; a shared spot pod requests exactly 1 "
-                        f"and gives its share in {keys.SPOT_GPU_MILLI}",
-                    )
-                    continue
-                request = GPURequest.shared(int(annotations[keys.SPOT_GPU_MILLI]))
-            elif resource == SPOT_GPU_RESOURCE and annotations.get(keys.SPOT_GPU_MILLI):
-                request = GPURequest.shared(int(annotations[keys.SPOT_GPU_MILLI]))
-            elif resource == SPOT_GPU_RESOURCE:
-                request = GPURequest.spot(count)
-            else:
-                request = GPURequest.reserved(count, ResourceName(resource))
-            group_name = labels.get(keys.POD_GROUP)
-            if group_name is None:
-                group_name = ref.name
-                queue_name = labels.get(keys.QUEUE, cfg.default_queue)
-                queue = snap_queues.get(queue_name)
-                if queue is None:
-                    skip("Pod", key, f"has no PodGroup and its queue {queue_name!r} does not exist")
-                    continue
-                gref = PodRef(ref.namespace, group_name)
-                if gref not in groups:
-                    spot = SpotPriority.SPOTLOW if queue.type is QueueType.SPOT else None
-                    min_lease, checkpoint = pod_lease(annotations, where)
-                    groups[gref] = PodGroup(
-                        gref,
-                        queue_name,
-                        min_member=1,
-                        spot_priority=spot,
-                        priority=spot.value_int if spot else 0,
-                        created_at=created_at,
-                        min_lease=min_lease,
-                        checkpoint_interval=checkpoint,
-                    )
-            elif PodRef(ref.namespace, group_name) not in groups:
-                skip("Pod", key, f"its PodGroup {group_name!r} does not exist (yet)")
-                continue
-            devices: tuple[DeviceID, ...] = ()
-            if node:
-                assigned = _assigned(obj, where)
-                if request.is_spot:
-                    used = _reported_use(spot_use.get(node, {}), ref)
-                    devices = used or tuple(from_spot_id(d) for d in assigned.get(SPOT_GPU_RESOURCE, ()))
-                else:  # what the agent reports it holding; the scheduler's annotation until then
-                    owner = ContainerRef(ref.namespace, ref.name, container)
-                    devices = tuple(owners_by_node.get(node, {}).get(owner, ()))
-                    if not devices and resource in assigned:
-                        devices = tuple(validate_device_id(d) for d in assigned[resource])
-            snap_pods.append(
-                Pod(
-                    ref,
-                    group_name,
-                    request,
-                    container=container,
-                    node=NodeName(node) if node else None,
-                    devices=devices,
-                    start_time=pod_start_time(obj),
-                    evicting=is_deleting(obj) or disruption(obj) is not None,
-                    nominated=None if node else _nomination(obj, where),
-                    created_at=created_at,
-                )
-            )
-            pod_objects[ref] = dict(obj)
-        except ValidationError as exc:
-            skip("Pod", key, str(exc))
-        except ValueError as exc:
-            skip("Pod", key, f"{where}: {exc}")
-
-    snap_nodes, snap_pods, shadows = _claim_devices(snap_nodes, snap_pods, shadows, skip)
-    snap_nodes, snap_pods = _check_spot_use(snap_nodes, snap_pods, spot_use, skip)
+    facts = _translate_nodes(nodes, cfg, skip)
+    snap_queues = _translate_queues(queues, skip)
+    groups = _translate_groups(podgroups, snap_queues, priority_classes, skip)
+    translated = _PodTranslator(cfg, facts, snap_queues, groups, skip)
+    translated.translate(pods)
+    snap_nodes, snap_pods, shadows = claim_devices(facts.nodes, translated.pods, translated.shadows, skip)
+    snap_nodes, snap_pods = check_spot_use(snap_nodes, snap_pods, facts.spot_use, skip)
     snapshot = Snapshot.of(
         nodes=snap_nodes,
         queues=snap_queues.values(),
@@ -458,159 +506,15 @@ def build_snapshot(
         pods=snap_pods,
         shadows=shadows,
     )
-    return SnapshotBuild(snapshot, tuple(skipped), pod_objects, tuple(forged), forecasts_ignored)
-
-
-def _reported_use(use: Mapping[DeviceID, SpotUse], pod: PodRef) -> tuple[DeviceID, ...]:
-    """The GPUs the agent reports ``pod`` using (sorted), or ``()``."""
-    return tuple(sorted(d for d, u in use.items() if pod in u.pods))
-
-
-def _check_spot_use(
-    nodes: list[Node],
-    pods: list[Pod],
-    spot_use: Mapping[str, Mapping[DeviceID, SpotUse]],
-    skip: Callable[[str, str, str], None],
-) -> tuple[list[Node], list[Pod]]:
-    """Leave out placed spot pods the snapshot could not hold together, and report GPUs whose
-    shared replicas are all taken as Unhealthy twins (module docstring).
-
-    Pods the agent reports on a GPU come first (they really run there), then the rest in
-    creation order; each is kept when its GPUs can still take it: an exclusive pod needs GPUs
-    without users, a shared one GPUs without an exclusive user and with its milli left.
-    """
-    placed = [p for p in pods if p.placed and p.request.is_spot]
-
-    def reported(p: Pod) -> bool:
-        use = spot_use.get(p.node or "", {})
-        return any(p.ref in use.get(d, SpotUse()).pods for d in p.devices)
-
-    exclusive: set[tuple[str, DeviceID]] = set()
-    milli: dict[tuple[str, DeviceID], int] = {}
-    users: dict[tuple[str, DeviceID], int] = {}
-    left_out: set[PodRef] = set()
-    for pod in sorted(placed, key=lambda p: (not reported(p), p.created_at, p.ref)):
-        assert pod.node is not None
-        slots = [(pod.node, d) for d in pod.devices]
-        shared = pod.request.is_shared
-        clash = next(
-            (
-                d
-                for n, d in slots
-                if (n, d) in exclusive
-                or (not shared and users.get((n, d), 0))
-                or (shared and milli.get((n, d), 0) + pod.request.milli > GPU_MILLI)
-            ),
-            None,
-        )
-        if clash is not None:
-            left_out.add(pod.ref)
-            skip(
-                "Pod",
-                pod.ref.format(),
-                f"its {'shared' if shared else 'exclusive'} use of GPU {clash} on {pod.node} contradicts the "
-                f"spot pods already there (the kubelet allocated another GPU than the scheduler assigned)",
-            )
-            continue
-        for slot in slots:
-            users[slot] = users.get(slot, 0) + 1
-            if shared:
-                milli[slot] = milli.get(slot, 0) + pod.request.milli
-            else:
-                exclusive.add(slot)
-    full = {
-        (name, d)
-        for name, use in spot_use.items()
-        for d, u in use.items()
-        if u.replicas and max(users.get((name, d), 0), len(u.pods)) >= u.replicas
-    }
-    if full:
-        nodes = [
-            dataclasses.replace(
-                n,
-                gpus=tuple(
-                    dataclasses.replace(g, twin=Health.UNHEALTHY) if (n.name, g.id) in full else g for g in n.gpus
-                ),
-            )
-            if any((n.name, g.id) in full for g in n.gpus)
-            else n
-            for n in nodes
-        ]
-    return nodes, [p for p in pods if p.ref not in left_out]
-
-
-def _claim_devices(
-    nodes: list[Node], pods: list[Pod], shadows: list[ShadowPod], skip: Callable[[str, str, str], None]
-) -> tuple[list[Node], list[Pod], list[ShadowPod]]:
-    """Make the GPUs' owners agree with what the scheduler itself placed; leave out placements
-    the snapshot cannot hold (a node left out, a GPU its node does not report).
-
-    The agent reports owners from the kubelet's allocations, so right after a ShadowPod or a
-    reserved pod was placed its GPUs still show as unallocated: such a GPU gets the holder as
-    owner (the kubelet is about to allocate it). A holder whose GPU the agent reports held by
-    somebody else lost a race (say with a pod of another scheduler) and is left out.
-    """
-    claims: dict[tuple[str, DeviceID], ContainerRef] = {}
-    kept_shadows: list[ShadowPod] = []
-    kept_pods: list[Pod] = []
-    owners: dict[tuple[str, DeviceID], ContainerRef | None] = {(n.name, g.id): g.owner for n in nodes for g in n.gpus}
-    node_names = {n.name for n in nodes}
-
-    def known(kind: str, ref: PodRef, node: str | None, devices: tuple[DeviceID, ...]) -> bool:
-        # a placed pod on a node left out (no agent, malformed state) or on a GPU its node does not
-        # report would make the whole snapshot invalid: leave that one pod out instead
-        if node is None:
-            return True
-        if node not in node_names:
-            skip(kind, ref.format(), f"placed on node {node}, which is not in the snapshot")
-            return False
-        unknown = [d for d in devices if (node, d) not in owners]
-        if unknown:
-            skip(kind, ref.format(), f"uses {', '.join(unknown)}, which node {node} does not report")
-            return False
-        return True
-
-    def claim(kind: str, ref: PodRef, node: str, devices: tuple[DeviceID, ...], holder: ContainerRef) -> bool:
-        for device in devices:
-            current = owners.get((node, device))
-            if current is not None and current != holder:
-                skip(kind, ref.format(), f"GPU {device} on {node} is held by {current}, not {holder}")
-                return False
-        for device in devices:
-            if owners.get((node, device), holder) is None:
-                claims[(node, device)] = holder
-        return True
-
-    for shadow in shadows:
-        if not known("ShadowPod", shadow.ref, shadow.node, shadow.devices):
-            continue
-        if shadow.deleting or claim("ShadowPod", shadow.ref, shadow.node, shadow.devices, shadow.container_ref):
-            kept_shadows.append(shadow)
-    for pod in pods:
-        if not known("Pod", pod.ref, pod.node, pod.devices):
-            continue
-        if pod.node is None or pod.request.is_spot or claim("Pod", pod.ref, pod.node, pod.devices, pod.container_ref):
-            kept_pods.append(pod)
-    if not claims:
-        return nodes, kept_pods, kept_shadows
-    new_nodes = [
-        dataclasses.replace(
-            n,
-            gpus=tuple(
-                dataclasses.replace(g, owner=claims[(n.name, g.id)]) if (n.name, g.id) in claims else g for g in n.gpus
-            ),
-        )
-        for n in nodes
-    ]
-    return new_nodes, kept_pods, kept_shadows
+    return SnapshotBuild(
+        snapshot, tuple(skipped), translated.objects, tuple(translated.forged), facts.forecasts_ignored
+    )
 
 
 __all__ = [
     "Skipped",
     "SnapshotBuild",
-    "SpotUse",
     "TranslateConfig",
     "build_snapshot",
-    "parse_node_state",
     "shadow_claim",
 ]

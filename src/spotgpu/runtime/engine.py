@@ -26,9 +26,9 @@ from typing import Literal
 
 from spotgpu.core.codec import SyncKind, devices_from_for_container
 from spotgpu.core.errors import SpotgpuError, TemporaryError
+from spotgpu.ports.lookup import HostPort, NodeLookup
 from spotgpu.runtime import protocol
 from spotgpu.runtime.config import RuntimeConfig
-from spotgpu.runtime.lookup import HostPort, NodeLookup
 from spotgpu.runtime.modifiers import CachedLookup, Chain, GuardFunctions, ModifyContext, build_chain
 from spotgpu.runtime.modifiers import load_guard_functions as _load_guard
 from spotgpu.runtime.providers import default_providers

@@ -16,8 +16,8 @@ from spotgpu.adapters.kubelet import DevicePlugins, PodResourcesView
 from spotgpu.core.errors import PermanentError
 from spotgpu.core.ids import DeviceID, ResourceName
 from spotgpu.core.mapping_cache import Owner
+from spotgpu.ports.lookup import Allocation, HostDevice, PodAssignment
 from spotgpu.runtime.config import RuntimeConfig
-from spotgpu.runtime.lookup import Allocation, HostDevice, PodAssignment
 
 MAX_NODES_PER_PATH: Final = 256
 """A directory a device plugin names may hold at most this many device nodes."""
@@ -27,7 +27,7 @@ LendableOf = Callable[[DeviceID], bool | None]
 
 
 class KubeletNodeLookup:
-    """:class:`~spotgpu.runtime.lookup.NodeLookup` on the kubelet's sockets and an owner record.
+    """:class:`~spotgpu.ports.lookup.NodeLookup` on the kubelet's sockets and an owner record.
 
     ``owner_of`` is the agent's :meth:`MappingCache.get_device_owner` (agent-hosted service) or
     :meth:`spotgpu.runtime.ownerstate.OwnerStateFile.owner_of` (local fallback); ``lendable`` the
@@ -106,7 +106,7 @@ def _is_device(st: os.stat_result) -> bool:
 
 
 class LinuxHost:
-    """:class:`~spotgpu.runtime.lookup.HostPort` on this machine's ``/dev`` and ``/sys``."""
+    """:class:`~spotgpu.ports.lookup.HostPort` on this machine's ``/dev`` and ``/sys``."""
 
     def __init__(self, sys_root: Path = Path("/sys")) -> None:
         self.sys_root = sys_root

@@ -2,7 +2,7 @@
 
 Pure decision code; the only inputs are the parsed ``container-devices-from`` request, the
 target container, the kubelet's device view and the agent's owner record, all passed in
-(through a :class:`~spotgpu.runtime.lookup.NodeLookup`); the result is a :class:`SyncPlan`
+(through a :class:`~spotgpu.ports.lookup.NodeLookup`); the result is a :class:`SyncPlan`
 or a :class:`SyncRefused` naming the reason. No I/O happens here beyond those lookups.
 
 Resolution: each source of the request is resolved by its provider
@@ -48,7 +48,7 @@ from spotgpu.core.errors import PermanentError
 from spotgpu.core.ids import SPOT_PREFIX, DeviceID, ResourceName, real_of_twin, shared_resource_of
 from spotgpu.core.mapping_cache import IDLE_SPACE, Owner
 from spotgpu.core.refs import ContainerRef
-from spotgpu.runtime.lookup import NodeLookup, PodAssignment
+from spotgpu.ports.lookup import NodeLookup, PodAssignment
 
 ANY_NAMESPACE = "*"
 """In ``cross_namespace_sources``: sources may live in any namespace."""

@@ -51,12 +51,12 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from spotgpu.agent.model import EvictionPlan, LendState, plan_eviction, twin_health
-from spotgpu.agent.node_ports import GpuDevice
 from spotgpu.core.ids import DeviceID, NodeName
 from spotgpu.core.lending import Action, Actions, Evict, Lent, Persist
 from spotgpu.core.mapping_cache import IDLE_SPACE, DeviceEntry, MappingSnapshot, Owner, OwnerEntry
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import GPU_MILLI, EvictionReason, Health, QueueType
+from spotgpu.ports.node import GpuDevice
 from spotgpu.scheduler.apply import ApplyError, ModelApplier
 from spotgpu.scheduler.config import SchedulerConfig
 from spotgpu.scheduler.model import (

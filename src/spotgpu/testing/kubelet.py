@@ -321,12 +321,7 @@ class KubeletDouble(Server):
         """Stop and forget every plugin; delete every socket in the plugin directory (as a new
         kubelet does; ``wipe=False``: only ``kubelet.sock``, a kubelet that keeps the plugins'
         sockets); leave ``kubelet.sock`` absent for ``gap`` seconds; serve a fresh one."""
-        self.stop()
-        with self._lock:
-            endpoints = list(self._endpoints.values())
-            self._endpoints.clear()
-        for endpoint in endpoints:
-            self._close_endpoint(endpoint)
+        self.close()
         for entry in self.plugin_dir.iterdir():
             if entry.is_socket() and (wipe or entry == self.socket):
                 entry.unlink(missing_ok=True)

@@ -6,6 +6,9 @@ One module per vendor (:mod:`.dcgm`, :mod:`.ascend`, :mod:`.cambricon`, :mod:`.a
 :class:`~spotgpu.adapters.exporters.base.GpuAdapter` in
 :data:`~spotgpu.adapters.exporters.base.ADAPTERS`; :func:`adapter` imports them all on first
 use. A new vendor is one new module plus its name in :data:`VENDOR_MODULES`.
+
+Decides nothing: the vendor modules map series to GPUs (pure); side effects (HTTP scrapes) are
+in :mod:`.scrape`.
 """
 
 from __future__ import annotations

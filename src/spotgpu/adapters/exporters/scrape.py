@@ -1,4 +1,4 @@
-"""Scraping vendor exporters over HTTP: the exporter :class:`~spotgpu.agent.node_ports.UtilizationReader`.
+"""Scraping vendor exporters over HTTP: the exporter :class:`~spotgpu.ports.node.UtilizationReader`.
 
 Decides nothing. Side effects: HTTP GETs (standard library ``urllib``) to the configured
 exporter URLs, one per detection cycle each. Parsing uses prometheus-client's maintained text
@@ -24,8 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from spotgpu.adapters.exporters import adapter as get_adapter
 from spotgpu.adapters.exporters.base import ConvertResult, GpuAdapter, match_devices
-from spotgpu.agent.node_ports import GpuDevice
 from spotgpu.core.ids import DeviceID
+from spotgpu.ports.node import GpuDevice
 
 log = logging.getLogger(__name__)
 

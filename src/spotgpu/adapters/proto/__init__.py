@@ -5,5 +5,6 @@ The ``.proto`` files in this folder are ours, written from the documented contra
 ``scripts/gen_protos.py`` and committed (the test command checks they are fresh).
 
 Importing this package imports nothing heavy; import the generated module you need, e.g.
-``from spotgpu.adapters.proto import deviceplugin_v1beta1_pb2 as dp``.
+``from spotgpu.adapters.proto import deviceplugin_v1beta1_pb2 as dp``. Decides nothing and has
+no side effects: message and service definitions only.
 """

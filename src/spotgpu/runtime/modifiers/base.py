@@ -1,8 +1,8 @@
 """The modifier interface, the per-call context they share, and the chain that runs them.
 
 Pure; modifiers change the spec ``dict`` they are given and read the node only through the
-context's :class:`~spotgpu.runtime.lookup.NodeLookup` and
-:class:`~spotgpu.runtime.lookup.HostPort`. A chain runs its modifiers in order and stops at
+context's :class:`~spotgpu.ports.lookup.NodeLookup` and
+:class:`~spotgpu.ports.lookup.HostPort`. A chain runs its modifiers in order and stops at
 the first error; the engine gives it a copy of the spec, so a failed chain leaves nothing behind.
 
 Contract for every modifier: running it twice on its own output with the same lookups changes
@@ -19,8 +19,8 @@ from spotgpu.core.codec import DevicesFrom, SyncKind
 from spotgpu.core.ids import DeviceID, ResourceName
 from spotgpu.core.mapping_cache import Owner
 from spotgpu.core.refs import ContainerRef
+from spotgpu.ports.lookup import Allocation, HostPort, MountSpec, NodeLookup, PodAssignment
 from spotgpu.runtime.config import RuntimeConfig
-from spotgpu.runtime.lookup import Allocation, HostPort, MountSpec, NodeLookup, PodAssignment
 from spotgpu.runtime.spec import ContainerIdentity, Spec
 from spotgpu.runtime.sync import Provider, SyncPlan, SyncPolicy
 

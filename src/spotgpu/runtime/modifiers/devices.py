@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from spotgpu.core import keys
 from spotgpu.core.errors import ValidationError
-from spotgpu.runtime.lookup import Allocation, HostDevice
+from spotgpu.ports.lookup import Allocation, HostDevice
 from spotgpu.runtime.modifiers.base import ModifyContext, SyncResult, mount_entry
 from spotgpu.runtime.spec import ContainerKind, Spec, array, obj, set_annotation, set_env
 from spotgpu.runtime.sync import RefusalReason, SyncRefused, plan_sync

@@ -2,6 +2,7 @@
 
 Each module registers a factory in :data:`spotgpu.scheduler.framework.ACTIONS` under its NAME.
 The configured order (default enqueue, allocate, preempt, backfill) is the order they run in.
+Each decides one step of a cycle on the session's plain data; none has side effects.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""In-memory implementations of the agent's ports, for tests, the benchmark and the simulator.
+"""In-memory implementations of the agent's ports, for tests and the agent benchmark.
 
 Each fake implements one Protocol (:class:`~spotgpu.agent.ports.KubePort`,
 :class:`~spotgpu.agent.ports.GuardPort`, and the node ports of
-:mod:`spotgpu.agent.node_ports`) with plain dictionaries and records what it was asked, so a
+:mod:`spotgpu.ports.node`) with plain dictionaries and records what it was asked, so a
 test can assert on the calls. Side effects: none beyond the objects themselves (and the
 guard fake calling the handler it was given). Failure injection: ``fail_next`` counters raise
 :class:`~spotgpu.core.errors.TemporaryError` as the real adapters do.
@@ -16,7 +16,12 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from spotgpu.agent.node_ports import (
+from spotgpu.agent.ports import OwnerBackHandler, PodEvent, PodEventType, PodInfo
+from spotgpu.core.errors import TemporaryError
+from spotgpu.core.ids import DeviceID, NodeName
+from spotgpu.core.refs import ContainerRef, PodRef
+from spotgpu.core.types import EvictionReason
+from spotgpu.ports.node import (
     AllocatedDevices,
     GpuDevice,
     GpuProcess,
@@ -26,11 +31,6 @@ from spotgpu.agent.node_ports import (
     TaskState,
     TaskStopResult,
 )
-from spotgpu.agent.ports import OwnerBackHandler, PodEvent, PodEventType, PodInfo
-from spotgpu.core.errors import TemporaryError
-from spotgpu.core.ids import DeviceID, NodeName
-from spotgpu.core.refs import ContainerRef, PodRef
-from spotgpu.core.types import EvictionReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +159,7 @@ class FakeGuard:
 
 
 class FakeTasks:
-    """A :class:`~spotgpu.agent.node_ports.TaskPort` over a dict of containers (running or not)."""
+    """A :class:`~spotgpu.ports.node.TaskPort` over a dict of containers (running or not)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -204,7 +204,7 @@ class FakeTasks:
 
 
 class FakePodResources:
-    """A :class:`~spotgpu.agent.node_ports.PodResourcesPort` over a list the test sets."""
+    """A :class:`~spotgpu.ports.node.PodResourcesPort` over a list the test sets."""
 
     def __init__(self, allocations: Sequence[AllocatedDevices] = ()) -> None:
         self._lock = threading.Lock()
@@ -226,7 +226,7 @@ class FakePodResources:
 
 
 class FakeLendStore:
-    """A :class:`~spotgpu.agent.node_ports.LendStore` in memory; ``saves`` records every write."""
+    """A :class:`~spotgpu.ports.node.LendStore` in memory; ``saves`` records every write."""
 
     def __init__(
         self, lent: Sequence[LentOwner] = (), learned: Mapping[ContainerRef, LearnedOwner] | None = None
@@ -256,7 +256,7 @@ class FakeLendStore:
 
 
 class FakeGpuBackend:
-    """A :class:`~spotgpu.agent.node_ports.GpuBackend` whose processes and utilization the test sets."""
+    """A :class:`~spotgpu.ports.node.GpuBackend` whose processes and utilization the test sets."""
 
     name = "fake"
 
@@ -299,7 +299,7 @@ class FakeGpuBackend:
 
 
 class FakeAttributor:
-    """A :class:`~spotgpu.agent.node_ports.PidAttributor` over a ``{pid: container_id}`` table."""
+    """A :class:`~spotgpu.ports.node.PidAttributor` over a ``{pid: container_id}`` table."""
 
     def __init__(self) -> None:
         self.owner_of: dict[int, str] = {}

@@ -1,20 +1,22 @@
 """The agent's node-side ports: GPUs, container tasks, the kubelet's pod-resources view.
 
-Protocols and plain data only; no side effects here. Implementations:
+Protocols and plain data only; no side effects here. Used by :mod:`spotgpu.agent`; it lives in
+:mod:`spotgpu.ports`, below both the agent and the adapters, so an adapter never imports the agent.
+Implementations:
 
 * :class:`GpuBackend`: :mod:`spotgpu.adapters.nvml` (NVIDIA through NVML),
   :mod:`spotgpu.adapters.devnode_gpu` (any vendor whose GPUs are device nodes; also the
   stand-in GPUs of tests and the node end-to-end harness), and
-  :class:`spotgpu.agent.fakes.FakeGpuBackend`. A new backend is one module implementing four
+  :class:`spotgpu.testing.fakes.FakeGpuBackend`. A new backend is one module implementing four
   methods.
 * :class:`TaskPort`: :mod:`spotgpu.adapters.containerd` (containerd's Tasks and Containers
-  API over gRPC) and :class:`spotgpu.agent.fakes.FakeTasks`.
+  API over gRPC) and :class:`spotgpu.testing.fakes.FakeTasks`.
 * :class:`PodResourcesPort`: :class:`spotgpu.adapters.kubelet.PodResourcesView` (kubelet
   pod-resources v1, the same client spotgpu-runtime's service uses) and
-  :class:`spotgpu.agent.fakes.FakePodResources`.
+  :class:`spotgpu.testing.fakes.FakePodResources`.
 * :class:`LendStore`: :class:`spotgpu.adapters.agent_state.LendStateFile` (which owners are
   lent and what they taught the lending model, kept across agent restarts) and
-  :class:`spotgpu.agent.fakes.FakeLendStore`.
+  :class:`spotgpu.testing.fakes.FakeLendStore`.
 * :class:`UtilizationReader`: the GPU backend's own utilization (NVML) or a vendor exporter
   scraped over HTTP (:mod:`spotgpu.adapters.exporters`).
 

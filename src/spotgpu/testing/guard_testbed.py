@@ -5,7 +5,7 @@ the stand-in GPU client, and the fd holder as a child process. Used by the guard
 Side effects: child processes (``runc run``/``exec``, ``spotgpu guard-holder``), OCI bundles and
 logs under the directory the caller gives; ``close()``/``kill()`` end what was started here.
 Needs root, runc and a root filesystem containing ``/bin/guardprobe`` (see
-:func:`spotgpu.guard.standin.build_probe` and :func:`spotgpu.testing.containerd.make_rootfs`).
+:func:`spotgpu.testing.standin.build_probe` and :func:`spotgpu.testing.containerd.make_rootfs`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from spotgpu.core.refs import ContainerRef
-from spotgpu.guard import standin
 from spotgpu.guard.rule import apply_guard_rule
+from spotgpu.testing import standin
 from spotgpu.testing.containerd import make_bundle
 
 

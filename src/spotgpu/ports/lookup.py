@@ -1,6 +1,8 @@
 """What the modifier chain asks of the node: the kubelet's device view, device plugins, owners, host.
 
-Protocols and plain data only; no side effects here. Implementations:
+Protocols and plain data only; no side effects here. Used by :mod:`spotgpu.runtime`; it lives in
+:mod:`spotgpu.ports`, below both the runtime and :mod:`spotgpu.adapters.kubelet` (which returns
+these types), so the adapter never imports the runtime. Implementations:
 
 * :class:`NodeLookup`: :class:`spotgpu.runtime.node.KubeletNodeLookup` (kubelet pod-resources
   and device plugins over gRPC, owners from the agent's MappingCache or its state file), and
