@@ -139,6 +139,22 @@ def test_a_spot_gang_gets_a_shadow_pod_and_bindings_with_device_owners(api: Kube
     assert again.result is not None and [type(d).__name__ for d in again.result.decisions()] == []
 
 
+def test_a_podgroup_phase_the_cache_has_not_seen_yet_is_not_set_again(api: KubeApiServer, loop: SchedulerLoop) -> None:
+    """The PodGroup informer lags behind our own status patch (its watch event comes later): the
+    next cycle must assume the phase it set, as it assumes its binds, and decide nothing new."""
+    cluster(api)
+    spot_gang(api)
+    settle(api, loop)
+    stale = loop.podgroups.store.get("ml/spot1")
+    assert stale is not None and (stale.get("status") or {}).get("phase") in (None, "Pending")
+    out = loop.run_once()
+    assert out.result is not None and any(type(d).__name__ == "PodGroupStatus" for d in out.result.decisions())
+    settle(api, loop)
+    loop.podgroups.store.upsert(stale)  # the watch event of our status patch has not arrived yet
+    again = loop.run_once()
+    assert again.result is not None and list(again.result.decisions()) == []
+
+
 def test_a_reserved_gang_preempts_the_spot_gang_through_the_eviction_api(
     api: KubeApiServer, loop: SchedulerLoop
 ) -> None:

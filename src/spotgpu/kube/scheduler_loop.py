@@ -53,6 +53,7 @@ from spotgpu.scheduler.model import (
     Evict,
     Nominate,
     PodGroupPhase,
+    PodGroupStatus,
     Snapshot,
 )
 
@@ -124,6 +125,9 @@ def _confirmed(a: _Assumption, current: JSON | None) -> bool:
         return current is not None
     if a.kind in ("evict", "delete"):
         return current is None or is_deleting(current) or disruption(current) is not None
+    if a.kind == "phase":
+        assumed = ((a.obj or {}).get("status") or {}).get("phase")
+        return current is None or ((current.get("status") or {}).get("phase")) == assumed
     if a.kind == "nominate":
         return current is None or _annotation(current, keys.NOMINATED_DEVICES) == _annotation(
             a.obj, keys.NOMINATED_DEVICES
@@ -161,6 +165,8 @@ class SchedulerLoop:
         self._period = period
         self._min_interval = min_interval
         self.assumptions = Assumptions(assume_ttl)
+        self.group_assumptions = Assumptions(assume_ttl)
+        """PodGroup phases we set and the cache has not shown yet (so a cycle never sets them again)."""
         self.applier = Applier(
             connection,
             config=apply,
@@ -244,10 +250,11 @@ class SchedulerLoop:
         now = self._clock.monotonic()
         with self._lock:
             pods = self.assumptions.overlay(self.pods.store.items(), now)
+            groups = self.group_assumptions.overlay(self.podgroups.store.items(), now)
         build = build_snapshot(
             nodes=self.nodes.store.items(),
             pods=pods,
-            podgroups=self.podgroups.store.items(),
+            podgroups=groups,
             queues=self.queues.store.items(),
             priority_classes=self.priority_classes.store.items(),
             config=self.translate,
@@ -373,6 +380,13 @@ class SchedulerLoop:
                 else:
                     annotations.pop(keys.NOMINATED_DEVICES, None)
                 self.assumptions.add(f"{d.pod.namespace}/{d.pod.name}", "nominate", obj, now)
+        elif isinstance(d, PodGroupStatus):
+            key = f"{d.group.namespace}/{d.group.name}"
+            group = self.podgroups.store.get(key)
+            if group is not None:
+                group = copy.deepcopy(group)
+                group.setdefault("status", {})["phase"] = d.phase.value
+                self.group_assumptions.add(key, "phase", group, now)
 
 
 __all__ = ["Assumptions", "CycleOutcome", "SchedulerLoop"]
