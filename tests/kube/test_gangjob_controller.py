@@ -116,8 +116,12 @@ def test_gang_lifecycle_with_eviction_requeue_and_retry_limit(
 
     wait_for(lambda: evictions("deleted") == 1)  # counted just after the status write
     assert evictions("EvictionByEvictionAPI") == 1
-    reasons = sorted(e["reason"] for e in api.objects("", "events", "ml") if e["involvedObject"]["kind"] == "GangJob")
-    assert reasons == ["Failed", "Requeued"]
+
+    def reasons() -> list[str]:
+        return sorted(e["reason"] for e in api.objects("", "events", "ml") if e["involvedObject"]["kind"] == "GangJob")
+
+    wait_for(lambda: reasons() == ["Failed", "Requeued"])  # the event follows the metric (controller order)
+    assert reasons() == ["Failed", "Requeued"]
 
 
 def test_requeue_waits_for_the_backoff(api: KubeApiServer, conn: Connection, controller: GangJobController) -> None:
