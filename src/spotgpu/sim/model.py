@@ -1,8 +1,9 @@
 """The simulated cluster's state: nodes, GPUs, owners, jobs, pods and ShadowPods.
 
 Plain mutable records (the simulated world changes; decisions about it are data elsewhere);
-no I/O. :mod:`spotgpu.sim.simulation` mutates them only through its handlers, which keep the
-invariant checker and the metrics informed. Each record caches the frozen scheduler object it
+no I/O. The simulation's components (:mod:`spotgpu.sim.simulation` and the modules it
+dispatches to) mutate them only through their handlers, which keep the invariant checker and
+the metrics informed. Each record caches the frozen scheduler object it
 last produced (``Node``, ``Pod``, ``PodGroup``) and drops the cache when it changes, so a
 snapshot reuses every unchanged object.
 """
@@ -108,7 +109,7 @@ class NodeSim:
         self.unallocated = 0
         """GPUs unallocated or held by a ShadowPod: where reserved pods can go (maybe after preemption)."""
         self.kind: tuple[object, ...] = ()
-        """The multiset of its GPUs' states (see ``Simulation._first_per_kind``)."""
+        """The multiset of its GPUs' states (see ``spotgpu.sim.snapshot.Snapshots.first_per_kind``)."""
         self.health: dict[DeviceID, Health] | None = None
         self.health_key: tuple[object, ...] = ()
         """Twin health as the agent's rule gave it, and the inputs it was computed from."""
