@@ -20,7 +20,9 @@ from spotgpu.core.types import EvictionReason, Health
 from spotgpu.scheduler.model import GPURequest, Nomination, PodGroupPhase
 
 if TYPE_CHECKING:
-    from spotgpu.scheduler.model import GPU, Node, Pod, PodGroup, ShadowPod
+    from collections.abc import Mapping
+
+    from spotgpu.scheduler.model import GPU, IdleForecast, Node, Pod, PodGroup, ShadowPod
     from spotgpu.sim.lending import OwnerAgent
     from spotgpu.sim.scenario import JobSpec
     from spotgpu.sim.workloads import OwnerTrace
@@ -88,7 +90,11 @@ class GpuSim:
 class NodeSim:
     __slots__ = (
         "cached",
+        "forecast",
+        "forecast_kind",
+        "forecast_node",
         "free_twins",
+        "gpu_states",
         "gpus",
         "health",
         "health_key",
@@ -110,6 +116,14 @@ class NodeSim:
         """GPUs unallocated or held by a ShadowPod: where reserved pods can go (maybe after preemption)."""
         self.kind: tuple[object, ...] = ()
         """The multiset of its GPUs' states (see ``spotgpu.sim.snapshot.Snapshots.first_per_kind``)."""
+        self.gpu_states: list[tuple[object, ...]] = []
+        """Each GPU's state in ``kind``, in GPU order (a lent GPU's forecast bucket is added per cycle)."""
+        self.forecast: tuple[tuple[object, ...], Mapping[DeviceID, IdleForecast]] | None = None
+        """The last forecasts of its owners and their merge (reused while none changed)."""
+        self.forecast_kind: tuple[object, object, tuple[float, ...], tuple[object, ...]] | None = None
+        """The last kind with forecasts: (``gpu_states``, forecasts, leases, the kind)."""
+        self.forecast_node: tuple[Node, Mapping[DeviceID, IdleForecast], Node] | None = None
+        """The last scheduler object with idle forecasts: (``cached`` then, the forecasts, the object)."""
         self.health: dict[DeviceID, Health] | None = None
         self.health_key: tuple[object, ...] = ()
         """Twin health as the agent's rule gave it, and the inputs it was computed from."""
@@ -125,6 +139,7 @@ class OwnerSim:
         "active",
         "active_end",
         "agent",
+        "forecast",
         "gpus",
         "hold_start",
         "idle_check",
@@ -156,6 +171,8 @@ class OwnerSim:
         self.hold_start: float | None = None
         """When the owner came back while lent (start of the hold or exposure)."""
         self.return_pending = False
+        self.forecast: tuple[object, float, dict[DeviceID, IdleForecast]] | None = None
+        """The last forecast published for it: (lending state, as of, forecast per device)."""
 
     @property
     def devices(self) -> tuple[DeviceID, ...]:

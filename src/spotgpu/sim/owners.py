@@ -300,21 +300,48 @@ class Owners:
 
         The agent patches the annotation after every detection round (and at each loan): each
         lent owner's :func:`~spotgpu.core.lending.idle_forecast` as of its last poll at or before
-        ``now`` (not before its loan), in whole seconds; the scheduler ignores entries outside
+        ``now`` (or its loan, if later), in whole seconds; the scheduler ignores entries outside
         ``0..MAX_FORECAST_S`` (``spotgpu.kube.leases.parse_idle_forecast``), so they are left out.
+        The same mapping object is returned while nothing changed (snapshots reuse by identity).
         """
-        out: dict[DeviceID, IdleForecast] = {}
-        for owner in _owners_of(node):
-            agent = owner.agent
-            assert agent is not None
-            lent_at = agent.state.lent_at
-            if agent.lend is not LendState.LENT or lent_at is None:
-                continue
-            at = max(lent_at, self._last_poll_at(owner, now))
-            for device, (expected, p20) in agent.forecast(at).items():
-                if expected <= MAX_FORECAST_S and p20 <= MAX_FORECAST_S:
-                    out[device] = IdleForecast(expected, p20)
+        parts = tuple(self._published(owner, now) for owner in _owners_of(node))
+        last = node.forecast
+        if last is not None and last[0] == parts:
+            return last[1]
+        merged: Mapping[DeviceID, IdleForecast]
+        if len(parts) <= 1:
+            merged = parts[0] if parts else _NOTHING
+        else:
+            combined: dict[DeviceID, IdleForecast] = {}
+            for part in parts:
+                combined.update(part)
+            merged = combined
+        node.forecast = (parts, merged)
+        return merged
+
+    def _published(self, owner: OwnerSim, now: float) -> dict[DeviceID, IdleForecast]:
+        """One owner's part of the annotation (the previous object while it is equal)."""
+        agent = owner.agent
+        assert agent is not None
+        state = agent.state
+        if state.state is not LendState.LENT or state.lent_at is None:
+            return _NOTHING
+        at = max(state.lent_at, self._last_poll_at(owner, now))
+        last = owner.forecast
+        if last is not None and last[0] is state and last[1] == at:
+            return last[2]
+        out = {
+            device: IdleForecast(expected, p20)
+            for device, (expected, p20) in agent.forecast(at).items()
+            if expected <= MAX_FORECAST_S and p20 <= MAX_FORECAST_S
+        }
+        if last is not None and last[2] == out:
+            out = last[2]
+        owner.forecast = (state, at, out)
         return out
+
+
+_NOTHING: dict[DeviceID, IdleForecast] = {}
 
 
 def _owners_of(node: NodeSim) -> list[OwnerSim]:

@@ -314,12 +314,11 @@ class Simulation:
         return self.lenders.idle_forecast(node)
 
     def node_idle_forecast(self, node: NodeSim, now: float) -> Mapping[DeviceID, IdleForecast]:
-        """Hook: the agent's idle forecast for ``node``'s lent GPUs at ``now`` (real device ID ->
-        :class:`~spotgpu.scheduler.model.IdleForecast`), what ``spotgpu.io/idle-forecast`` carries
-        in a cluster. Empty for now: every lent GPU's forecast is unknown, so spot gangs with a
-        ``min_lease`` use only unallocated GPUs and placement is as without forecasts."""
-        del node, now
-        return {}
+        """The agent's idle forecast for ``node``'s lent GPUs at ``now`` (real device ID ->
+        :class:`~spotgpu.scheduler.model.IdleForecast`): what ``spotgpu.io/idle-forecast`` carries
+        in a cluster (:meth:`spotgpu.sim.owners.Owners.node_forecast`). Snapshots ask it of nodes
+        with a lent owner, once per cycle."""
+        return self.lenders.node_forecast(node, now)
 
 
 def run_policy(scenario: Scenario, workload: Workload, policy: PolicySpec, hooks: Hooks | None = None) -> PolicyRun:

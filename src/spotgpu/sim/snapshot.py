@@ -14,6 +14,7 @@ pending spot gangs that could be placed are offered (:meth:`Snapshots.spot_candi
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Final
@@ -23,7 +24,8 @@ from spotgpu.core.ids import DeviceID
 from spotgpu.core.mapping_cache import IDLE_SPACE, DeviceEntry, MappingSnapshot, Owner, OwnerEntry
 from spotgpu.core.refs import ContainerRef
 from spotgpu.core.types import Health, QueueType
-from spotgpu.scheduler.model import GPU, IdleForecast, Node, Pod, PodGroup, Queue, ShadowPod, Snapshot
+from spotgpu.scheduler import lease
+from spotgpu.scheduler.model import GPU, NO_FORECAST, IdleForecast, Node, Pod, PodGroup, Queue, ShadowPod, Snapshot
 from spotgpu.sim.model import JobSim, NodeSim, PodSim, ShadowSim
 from spotgpu.sim.schedview import node_summary, node_views
 from spotgpu.sim.state import CONTAINER, NodeIndex, PlacedSpot, Run, World
@@ -90,7 +92,8 @@ class Snapshots:
         views = node_views(node, health, nominated)
         summary = node_summary(views, lending)
         objs = []
-        kind = []
+        kind: list[tuple[object, ...]] = []
+        lent = False
         for gpu, view in zip(node.gpus, views, strict=True):
             twin = health[gpu.id]
             obj = gpu.cached
@@ -105,16 +108,18 @@ class Snapshots:
             kind.append(
                 (holder, view.twin_ok, gpu.id in nominated, draining, bool(users), sum(u.request.milli for u in users))
             )
+            lent = lent or (gpu.owner_sim is not None and gpu.owner_sim.lend is LendState.LENT)
         node.cached = Node(node.name, tuple(objs), lending=lending, strategy=self.run.policy.strategy)
         node.free_twins = summary.spot_unallocated + summary.spot_lent
         node.unallocated = summary.available
-        kind.sort()
-        node.kind = tuple(kind)
+        node.gpu_states = kind
+        node.kind = tuple(sorted(kind))
         node.preempt_key = (summary.top_priority, -summary.zero_cost, -summary.available)
         index = self.index
         (index.spot_room.add if node.free_twins else index.spot_room.discard)(node)
         (index.unalloc_nodes.add if node.unallocated else index.unalloc_nodes.discard)(node)
         (index.real_room.add if summary.free else index.real_room.discard)(node)
+        (index.lent_nodes.add if lent and lending else index.lent_nodes.discard)(node)
 
     # --- scheduler objects ------------------------------------------------------------------
     def _pod_obj(self, pod: PodSim) -> Pod:
@@ -145,6 +150,7 @@ class Snapshots:
                 spot_priority=spec.priority,
                 phase=job.pod_phase,
                 created_at=job.arrival,
+                min_lease=spec.min_lease,
                 checkpoint_interval=self.run.scenario.checkpoint_interval if job.spot else 0.0,
             )
         return job.cached_group
@@ -173,17 +179,24 @@ class Snapshots:
         ``pods + preemptCandidateNodes`` nodes in the scheduler's documented preemption order
         (lowest top spot priority, most GPUs free without victims, most reclaimable), the nodes
         of ShadowPods due for collection, and every node of a gang running on any of these.
+        When a pending spot gang wants a lease (``minLease`` or ``checkpointInterval``), the
+        scheduler's node classes carry the forecast buckets of lent twins and its device picker
+        checks each lent GPU's exact ``p20`` against the lease, so the kinds carry both
+        (:meth:`Forecasts.kind`). Whether forecasts take part in a cycle is a cycle-wide question
+        (some node has one) that a trimmed snapshot without lent nodes may answer differently;
+        it then has no lent twin to score or pick, so the answer changes nothing.
         """
         self.refresh()
         world, index, hooks = self.world, self.index, self.run.hooks
         config = self.run.scenario.scheduler
         now = self.run.engine.now
+        forecasts = Forecasts(self.forecast, now, index.lent_nodes)
         pending = list(world.pending.values())
         gc_due = [s for s in world.idle_shadows.values() if now - config.shadow_gc_grace >= s.created_at]
         if not hooks.trim_snapshots:
             if not pending and not gc_due:
                 return None
-            return self._snapshot_of(list(world.nodes), pending, now)
+            return self._snapshot_of(list(world.nodes), pending, forecasts)
         spot_in = (
             self.spot_candidates(pending)
             if hooks.cap_pending
@@ -192,13 +205,16 @@ class Snapshots:
         reserved_in = [j for j in pending if not j.spot]
         if not spot_in and not reserved_in and not gc_due:
             return None
-        spot_pods = sum(len(j.pods) for j in spot_in)
-        reserved_pods = sum(len(j.pods) for j in reserved_in)
+        checkpoints = self.run.scenario.checkpoint_interval > 0
+        leases = any(j.spot and (checkpoints or j.spec.min_lease > 0) for j in pending)
+        forecasts.min_leases = tuple(sorted({j.spec.min_lease for j in pending if j.spot and j.spec.min_lease > 0}))
+        kind_of = forecasts.kind if leases else _plain_kind
         chosen: set[NodeSim] = set()
         if spot_in:
-            chosen |= self.first_per_kind(index.spot_room, spot_pods)
+            chosen |= self.first_per_kind(index.spot_room, sum(len(j.pods) for j in spot_in), kind_of)
         if reserved_in:
-            chosen |= self.first_per_kind(index.real_room, reserved_pods)
+            reserved_pods = sum(len(j.pods) for j in reserved_in)
+            chosen |= self.first_per_kind(index.real_room, reserved_pods, kind_of)
             if any(p.nominated is None for j in reserved_in for p in j.pods):
                 # Victim search: the scheduler walks nodes in its preemption order and
                 # evaluates at most preemptCandidateNodes feasible ones per task. A task that
@@ -211,10 +227,11 @@ class Snapshots:
                 if pod.nominated is not None:
                     chosen.add(world.nodes_by_name[pod.nominated.node])
         chosen.update(s.node for s in gc_due)
-        return self._snapshot_of(self._closure(chosen), spot_in + reserved_in, now)
+        return self._snapshot_of(self._closure(chosen), spot_in + reserved_in, forecasts)
 
-    def _snapshot_of(self, nodes: list[NodeSim], jobs: list[JobSim], now: float) -> Snapshot:
-        """The snapshot of ``nodes`` (with every pod and ShadowPod on them) and pending ``jobs``."""
+    def _snapshot_of(self, nodes: list[NodeSim], jobs: list[JobSim], forecasts: Forecasts) -> Snapshot:
+        """The snapshot of ``nodes`` (with every pod and ShadowPod on them, and their idle
+        forecasts) and pending ``jobs``."""
         # Keyed by the model's objects (identity hashing); every order below is deterministic:
         # nodes by index, their GPUs in order, pending jobs in submission order.
         pods: dict[PodSim, Pod] = {}
@@ -222,9 +239,7 @@ class Snapshots:
         shadows: dict[ShadowSim, ShadowPod] = {}
         node_objs = []
         for node in nodes:
-            assert node.cached is not None
-            forecast = self.forecast(node, now)
-            node_objs.append(dataclasses.replace(node.cached, idle_forecast=forecast) if forecast else node.cached)
+            node_objs.append(_node_obj(node, forecasts.of(node)))
             for gpu in node.gpus:
                 held = gpu.reserved_pod
                 if held is not None and held not in pods:
@@ -280,19 +295,22 @@ class Snapshots:
         return out
 
     @staticmethod
-    def first_per_kind(candidates: set[NodeSim], cap: int) -> set[NodeSim]:
+    def first_per_kind(
+        candidates: set[NodeSim], cap: int, kind_of: Callable[[NodeSim], tuple[object, ...]]
+    ) -> set[NodeSim]:
         """The first ``cap`` candidate nodes (in snapshot order) of each node *kind*.
 
-        A kind is the multiset of per-GPU states (holder, twin health, nomination, ShadowPod
-        draining or being deleted, users, milli):
-        a refinement of the scheduler's node class, whose members it tries in snapshot order
-        (a node that changes class during the cycle goes to the end of its new class). Each
-        placement moves its node to another class, so a cycle with ``cap`` pending pods can
-        reach at most the first ``cap`` nodes of a kind.
+        A kind (``kind_of``) is the multiset of per-GPU states (holder, twin health, nomination,
+        ShadowPod draining or being deleted, users, milli, and in cycles where forecasts can take
+        part the forecast bucket of a GPU whose owner is lent): a refinement of the scheduler's
+        node class, whose members it tries in snapshot order (a node that changes class during
+        the cycle goes to the end of its new class). Each placement moves its node to another
+        class, so a cycle with ``cap`` pending pods can reach at most the first ``cap`` nodes of
+        a kind.
         """
         kinds: dict[tuple[object, ...], list[NodeSim]] = {}
         for node in candidates:
-            kinds.setdefault(node.kind, []).append(node)
+            kinds.setdefault(kind_of(node), []).append(node)
         chosen: set[NodeSim] = set()
         for members in kinds.values():
             if len(members) > cap:
@@ -321,4 +339,69 @@ class Snapshots:
         return sorted(out, key=lambda n: n.index)
 
 
-__all__ = ["QUEUES", "RESERVED_QUEUE", "SPOT_QUEUE", "ForecastFn", "Snapshots"]
+class Forecasts:
+    """The agents' idle forecasts at one cycle: asked once per node, only of nodes with a lent owner."""
+
+    __slots__ = ("_known", "at", "fn", "lent", "min_leases")
+
+    def __init__(self, fn: ForecastFn, at: float, lent: set[NodeSim]) -> None:
+        self.fn = fn
+        self.at = at
+        self.lent = lent
+        self.min_leases: tuple[float, ...] = ()
+        """The distinct minimum leases of the pending spot gangs, ascending."""
+        self._known: dict[NodeSim, Mapping[DeviceID, IdleForecast]] = {}
+
+    def of(self, node: NodeSim) -> Mapping[DeviceID, IdleForecast]:
+        if node not in self.lent:
+            return NO_FORECAST
+        known = self._known.get(node)
+        if known is None:
+            known = self._known[node] = self.fn(node, self.at)
+        return known
+
+    def kind(self, node: NodeSim) -> tuple[object, ...]:
+        """``node.kind`` with, per GPU, what the scheduler reads of its forecast, when the node has
+        forecasts (they change with time, not with a rebuild): the bucket of its ``p20``
+        (:func:`spotgpu.scheduler.lease.bucket`, which node classes carry; unknown: -1) and how
+        many of the pending gangs' minimum leases that ``p20`` covers (the device picker's exact
+        rule: two nodes of a class whose lent GPUs cover different leases are not interchangeable)."""
+        forecast = self.of(node)
+        if not forecast:
+            return node.kind
+        leases = self.min_leases
+        last = node.forecast_kind
+        if last is not None and last[0] is node.gpu_states and last[1] is forecast and last[2] == leases:
+            return last[3]
+        out = []
+        for state, gpu in zip(node.gpu_states, node.gpus, strict=True):
+            f = forecast.get(gpu.id)
+            if f is None:
+                out.append((*state, lease.UNKNOWN, 0))
+            else:
+                out.append((*state, lease.bucket(f.p20), bisect.bisect_right(leases, f.p20)))
+        out.sort()
+        kind = tuple(out)
+        node.forecast_kind = (node.gpu_states, forecast, leases, kind)
+        return kind
+
+
+def _plain_kind(node: NodeSim) -> tuple[object, ...]:
+    return node.kind
+
+
+def _node_obj(node: NodeSim, forecast: Mapping[DeviceID, IdleForecast]) -> Node:
+    """The scheduler's node object with ``forecast`` (reused while neither changed)."""
+    base = node.cached
+    assert base is not None
+    if not forecast:
+        return base
+    last = node.forecast_node
+    if last is not None and last[0] is base and last[1] == forecast:
+        return last[2]
+    obj = dataclasses.replace(base, idle_forecast=forecast)
+    node.forecast_node = (base, forecast, obj)
+    return obj
+
+
+__all__ = ["QUEUES", "RESERVED_QUEUE", "SPOT_QUEUE", "ForecastFn", "Forecasts", "Snapshots"]
