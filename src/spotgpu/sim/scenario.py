@@ -386,11 +386,21 @@ DEFAULT_POLICIES: Final = _policy_set(
     PolicySpec("lowpower-30m", max_inactive_time=Seconds(1800.0)),
     PolicySpec("idle-10m", max_inactive_time=Seconds(600.0), strategy=NodeStrategy.IDLE),
     PolicySpec("predictive-2m", max_inactive_time=Seconds(120.0), lend_policy=LendPolicyKind.PREDICTIVE),
+    # The agent's defaults (AgentConfig: maxInactiveTime, lending) on the scheduler's default node
+    # strategy: chosen on a set of scenarios (docs/simulator.md, "The recommended policy").
+    PolicySpec(
+        "auto-predictive",
+        max_inactive_time=defaults.MAX_INACTIVE_TIME_S,
+        strategy=NodeStrategy.AUTO,
+        lend_policy=LendPolicyKind.PREDICTIVE,
+        recommended=True,
+    ),
     # A new recommendation: append its entry with recommended=True (the last mark wins).
 )
 """Used when a scenario lists no policies: the baseline, three ``maxInactiveTime`` values with
-the ``lowpower`` strategy, the ``idle`` strategy at the agent's default 10 min, and the
-recommended policy (today the best static one on the default scenarios: lowpower-2m)."""
+the ``lowpower`` strategy, the ``idle`` strategy at the agent's default 10 min, the predictive
+policy at 2 min, and the recommended policy, ``auto-predictive``: what a cluster runs by default
+(the agent's ``maxInactiveTime`` and ``lending`` defaults, the ``auto`` node strategy)."""
 
 
 # --- the workload a scenario implies (identical for every policy) -----------------------------
