@@ -151,7 +151,7 @@ def test_trimmed_snapshots_decide_like_full_ones_with_forecasts_and_min_leases(s
         trimmed = run_policy(s, workload, policy, Hooks(trim_snapshots=True, cap_pending=False))
         full = run_policy(s, workload, policy, Hooks(trim_snapshots=False))
         assert trimmed.summary == {**full.summary, "invariant_checks": trimmed.summary["invariant_checks"]}, policy
-        assert trimmed.metrics.snapshot_nodes < full.metrics.snapshot_nodes
+        assert trimmed.metrics.cycles.snapshot_nodes < full.metrics.cycles.snapshot_nodes
         assert full.summary["loans"] > 0
 
 

@@ -149,7 +149,7 @@ class Decisions:
         for gpu in gpus:
             run.touch(gpu)
         self.index.dirty.add(node)
-        run.metrics.binds += 1
+        run.metrics.cycles.binds += 1
         return pod.job
 
     # --- evictions and what goes away -------------------------------------------------------
@@ -171,7 +171,7 @@ class Decisions:
         job.phase = JobPhase.EVICTED
         self.placed.discard(job)
         job.evictions.append(reason)
-        run.metrics.eviction(reason, len(job.pods))
+        run.metrics.returns.eviction(reason, len(job.pods))
         for pod in job.pods:
             pod.killed = True
             pod.evicting = True
@@ -185,14 +185,14 @@ class Decisions:
     def _lose_work(self, job: JobSim, now: float) -> None:
         """A running gang stops: the work since its last checkpoint is lost on every member."""
         assert job.started_at is not None
-        metrics = self.run.metrics
+        work = self.run.metrics.spot
         elapsed = now - job.started_at
         step = self.run.scenario.checkpoint_interval
         saved = min(job.remaining, math.floor(elapsed / step) * step) if step > 0 else 0.0
         gpus = job.spec.gpus
-        metrics.useful_spot_gpu_s += saved * gpus
-        metrics.checkpointed_spot_gpu_s += saved * gpus
-        metrics.wasted_spot_gpu_s += (elapsed - saved) * gpus
+        work.useful += saved * gpus
+        work.checkpointed += saved * gpus
+        work.wasted += (elapsed - saved) * gpus
         job.remaining -= saved
 
     def remove_pods(self, job: JobSim) -> None:

@@ -98,7 +98,8 @@ class Jobs:
         job.started_at = now
         if job.first_start is None:
             job.first_start = now
-            (run.metrics.spot_waits if job.spot else run.metrics.reserved_waits).append(now - job.arrival)
+            times = run.metrics.jobs
+            (times.spot_waits if job.spot else times.reserved_waits).append(now - job.arrival)
         job.completion = run.engine.at(now + job.remaining, JobFinish(job.index, job.attempt))
         for pod in job.pods:
             for gpu in pod.gpus:
@@ -110,10 +111,10 @@ class Jobs:
         metrics = self.run.metrics
         now = self.run.engine.now
         if job.spot:
-            metrics.useful_spot_gpu_s += job.remaining * job.spec.gpus
-            metrics.spot_jcts.append(now - job.arrival)
+            metrics.spot.useful += job.remaining * job.spec.gpus
+            metrics.jobs.spot_jcts.append(now - job.arrival)
         else:
-            metrics.reserved_jcts.append(now - job.arrival)
+            metrics.jobs.reserved_jcts.append(now - job.arrival)
         job.remaining = 0.0
         job.phase = JobPhase.DONE
         job.done_at = now

@@ -148,7 +148,6 @@ class OwnerSim:
         "lend",
         "poll_phase",
         "ref",
-        "return_pending",
         "trace",
     )
 
@@ -170,7 +169,6 @@ class OwnerSim:
         """Engine handle of the pending idle poll."""
         self.hold_start: float | None = None
         """When the owner came back while lent (start of the hold or exposure)."""
-        self.return_pending = False
         self.forecast: tuple[object, float, dict[DeviceID, IdleForecast]] | None = None
         """The last forecast published for it: (lending state, as of, forecast per device)."""
 

@@ -151,7 +151,7 @@ class Owners:
             owner.idle_check = None
         if not run.policy.lending or owner.lend is not LendState.LENT:
             return
-        run.metrics.returns_while_lent += 1
+        run.metrics.returns.while_lent += 1
         owner.hold_start = now
         delay: float
         guard = run.policy.guard
@@ -219,8 +219,8 @@ class Owners:
 
     def _lend(self, owner: OwnerSim) -> None:
         metrics = self.run.metrics
-        metrics.loans += 1
-        metrics.lent_gpus += len(owner.gpus)
+        metrics.returns.loans += 1
+        metrics.time.lent_gpus += len(owner.gpus)
         self.dirty.add(owner.gpus[0].node)
         self.cycles.want()
 
@@ -240,7 +240,7 @@ class Owners:
             # The poll came after the owner had stopped again: polling missed this return. The
             # sharing ended with the owner's activity; the next return will be polled again.
             if owner.hold_start is not None:
-                self.run.metrics.exposures_ms.append((owner.active_end - owner.hold_start) * 1000)
+                self.run.metrics.returns.exposures_ms.append((owner.active_end - owner.hold_start) * 1000)
                 owner.hold_start = None
             return
         actions = self._poll(owner, self.run.engine.now, owner_active=True)
@@ -253,12 +253,12 @@ class Owners:
     def _start_eviction(self, owner: OwnerSim) -> None:
         run = self.run
         now = run.engine.now
-        run.metrics.lent_gpus -= len(owner.gpus)
+        run.metrics.time.lent_gpus -= len(owner.gpus)
         self.dirty.add(owner.gpus[0].node)
         plan = run.hooks.plan_eviction(self._mapping(owner), owner.ref, owner.devices, now)
         victims = tuple(v.pod for v in plan.victims)
         if victims:
-            run.metrics.returns_with_eviction += 1
+            run.metrics.returns.with_eviction += 1
         run.engine.at(now + run.lat.kill(len(victims), run.rng), EvictionDone(owner.index, victims), Priority.AGENT)
 
     def _eviction_done(self, owner: OwnerSim, event: EvictionDone) -> None:
@@ -273,11 +273,11 @@ class Owners:
             if run.policy.guard:
                 hold = now + lat.guard_release.sample(run.rng) - owner.hold_start
                 if hold > lat.fail_open_timeout:
-                    run.metrics.exposures_ms.append((hold - lat.fail_open_timeout) * 1000)
+                    run.metrics.returns.exposures_ms.append((hold - lat.fail_open_timeout) * 1000)
                     hold = lat.fail_open_timeout
-                run.metrics.holds_ms.append(hold * 1000)
+                run.metrics.returns.holds_ms.append(hold * 1000)
             else:
-                run.metrics.exposures_ms.append((now - owner.hold_start) * 1000)
+                run.metrics.returns.exposures_ms.append((now - owner.hold_start) * 1000)
             owner.hold_start = None
         assert owner.agent is not None
         self._apply_lending(owner, owner.agent.eviction_done(now))

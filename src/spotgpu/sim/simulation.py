@@ -178,14 +178,15 @@ class Simulation:
         engine = state.engine
         engine.at(0.0, Tick(0), Priority.CHECK)
         metrics = state.metrics
+        gpu_time = metrics.time
         dispatch = self._dispatch
 
         def handle(event: Event) -> None:
-            metrics.advance(engine.now)
+            gpu_time.advance(engine.now)
             dispatch(event)
 
         engine.run(handle, horizon)
-        metrics.advance(horizon)
+        gpu_time.advance(horizon)
         self._finish()
         state.profile["total_s"] = state.hooks.perf_counter() - start
         state.profile["events"] = float(engine.processed)
@@ -216,7 +217,7 @@ class Simulation:
         now = state.engine.now
         interval = self._tick_interval()
         if event.n % max(1, round(self.scenario.sample_interval / interval)) == 0:
-            state.metrics.sample(now)
+            state.metrics.time.sample(now)
         if event.n % self.ticks_per_audit == 0 and event.n:
             self.snapshots.refresh()
             state.checker.audit(now, self.world.nodes, self.world.pods.values())
@@ -231,12 +232,12 @@ class Simulation:
         now = state.horizon
         for job in self.world.jobs:
             if job.phase is JobPhase.RUNNING and job.spot and job.started_at is not None:
-                state.metrics.useful_spot_gpu_s += (now - job.started_at) * job.spec.gpus
+                state.metrics.spot.useful += (now - job.started_at) * job.spec.gpus
             if job.first_start is None and job.arrival <= now:
-                state.metrics.censor(job.spot, now - job.arrival)
+                state.metrics.jobs.censor(job.spot, now - job.arrival)
         self.snapshots.refresh()
         state.checker.audit(now, self.world.nodes, self.world.pods.values())
-        state.metrics.sample(now)
+        state.metrics.time.sample(now)
 
     def _summary(self) -> dict[str, object]:
         p = self.policy
@@ -264,7 +265,7 @@ class Simulation:
                 ),
                 "reserved_jobs_submitted": len(reserved),
                 "reserved_jobs_completed": sum(1 for j in reserved if j.phase is JobPhase.DONE),
-                "scheduler_cycles": self.state.metrics.cycles,
+                "scheduler_cycles": self.state.metrics.cycles.run,
                 "invariant_checks": self.state.checker.checks,
             }
         )
@@ -287,12 +288,12 @@ class Simulation:
         t1 = clock()
         profile["snapshot_s"] += t1 - t0
         if snapshot is None:
-            state.metrics.cycles_skipped += 1
+            state.metrics.cycles.skipped += 1
         else:
             result = state.hooks.scheduler(snapshot, self.scenario.scheduler, now)
             t2 = clock()
             profile["scheduler_s"] += t2 - t1
-            state.metrics.cycles += 1
+            state.metrics.cycles.run += 1
             self._apply(result, snapshot)
             profile["apply_s"] += clock() - t2
         # A ShadowPod without users that is not old enough yet gets its cycle when it is.

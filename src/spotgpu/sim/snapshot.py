@@ -258,9 +258,9 @@ class Snapshots:
             groups[job] = self._group_obj(job)
             for pod in job.pods:
                 pods[pod] = self._pod_obj(pod)
-        metrics = self.run.metrics
-        metrics.snapshot_nodes += len(node_objs)
-        metrics.snapshot_groups += len(groups)
+        stats = self.run.metrics.cycles
+        stats.snapshot_nodes += len(node_objs)
+        stats.snapshot_groups += len(groups)
         # A trimmed snapshot leaves running spot gangs out: victims are scored as in the full one.
         scale = self.placed.victim_scale() if self.run.hooks.trim_snapshots else None
         return Snapshot(

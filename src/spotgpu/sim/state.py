@@ -91,7 +91,7 @@ class Run:
         s = self.scenario
         self.rng = random.Random(f"{s.seed}:latencies")
         self.checker = InvariantChecker(self.policy.name, self.policy.lending, s.latencies)
-        self.metrics = Metrics(s.cluster.nodes * s.cluster.gpus_per_node)
+        self.metrics = Metrics.of(s.cluster.nodes * s.cluster.gpus_per_node)
 
     @property
     def lat(self) -> Latencies:
@@ -114,7 +114,7 @@ class Run:
         else:
             cat = Category.FREE
         if cat is not gpu.category:
-            self.metrics.move(gpu.category, cat)
+            self.metrics.time.move(gpu.category, cat)
             gpu.category = cat
 
 
