@@ -13,7 +13,7 @@ from spotgpu.agent.ports import ContainerInfo, PodEvent, PodEventType, PodInfo
 from spotgpu.agent.service import Agent, RuntimeServiceFactory
 from spotgpu.core import keys
 from spotgpu.core.clock import ManualClock
-from spotgpu.core.config import AgentConfig, LendingConfig, Seconds
+from spotgpu.core.config import AgentConfig, LendingConfig, LendPolicyKind, Seconds
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, DeviceID, NodeName, to_spot_id
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.ports.node import AllocatedDevices, GpuDevice, LendStore
@@ -167,7 +167,7 @@ def make_rig(
         runtime_socket=tmp_path / "agent.sock",
         twin_replicas=replicas,
         shared_replicas=shared,
-        lending=lending or LendingConfig(),
+        lending=lending or LendingConfig(LendPolicyKind.TIMER),  # the rig lends at the first judgement
     )
     agent = Agent(
         config,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from spotgpu.core.config import LendingConfig, LendPolicyKind
 from spotgpu.core.errors import ValidationError
 from spotgpu.core.ids import DeviceID
 from spotgpu.core.lending import (
@@ -30,13 +31,14 @@ from spotgpu.core.types import EvictionReason
 
 OWNER = ContainerRef("team", "dev-0", "main")
 DEVICES = (DeviceID("GPU-0"), DeviceID("GPU-1"))
+TIMER = LendingConfig(LendPolicyKind.TIMER)
 
 
 class Owner:
     """One owner's state, fed like the agent feeds it (always covered by the guard)."""
 
     def __init__(self, max_inactive_time: float, now: float) -> None:
-        self.rules = LendRules(max_inactive_time)
+        self.rules = LendRules(max_inactive_time, TIMER)  # the timer's rules (the default is predictive)
         self.state = new_owner(OWNER, DEVICES, now)
 
     def feed(self, event: Event, at: float) -> Actions:

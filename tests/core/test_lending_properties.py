@@ -132,7 +132,7 @@ def test_lending_invariants_hold_on_any_trace(trace: list[tuple[float, object]],
 
 def test_coverage_lost_while_lent_ends_the_loan_under_refuse_and_not_under_poll_only() -> None:
     for policy, ends in ((UnguardedPolicy.REFUSE, True), (UnguardedPolicy.POLL_ONLY, False)):
-        r = LendRules(60, LendingConfig(unguarded_policy=policy))
+        r = LendRules(60, LendingConfig(LendPolicyKind.TIMER, unguarded_policy=policy))
         s = new_owner(OWNER, DEVICES, 0.0)
         s, _ = transition(s, Sample(ActivitySample(60, False, False), True), 60, r)
         assert s.state is LendState.LENT
@@ -147,7 +147,7 @@ def test_coverage_lost_while_lent_ends_the_loan_under_refuse_and_not_under_poll_
 
 
 def test_an_unguarded_idle_owner_is_reported_once_per_idle_period() -> None:
-    r = LendRules(60)
+    r = LendRules(60, LendingConfig(LendPolicyKind.TIMER))
     s = new_owner(OWNER, DEVICES, 0.0)
     reports = []
     for t in (60, 70, 80):

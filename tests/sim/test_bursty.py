@@ -110,12 +110,14 @@ def test_bad_settings_name_the_key(section: dict[str, Any], message: str) -> Non
 
 def test_embedded_bursty_scenario_runs_small() -> None:
     """The embedded scenario, shrunk: flappy owners are lent and come back within minutes, so the
-    2-minute policy evicts far more often than the 30-minute one."""
+    2-minute policy evicts far more often than the 30-minute one, and the recommended policy less
+    than the 2-minute one."""
     s = scenario_argument("bursty").resized(nodes=6, duration=12 * HOUR)
     w = build_workload(s)
     sources = {g["name"]: g["source"] for g in scenario_summary(s, w)["owner_groups"]}  # type: ignore[attr-defined]
     assert sources == {"serving": "bursty", "devs": "bursty"}
-    chosen = [p for p in s.policies if p.name in {"lowpower-2m", "lowpower-30m"}]
+    chosen = [p for p in s.policies if p.name in {"lowpower-2m", "lowpower-30m", "auto-predictive"}]
     summary = simulate(s, chosen, workers=1).summary()
-    fast, slow = summary["policies"]  # type: ignore[misc]
-    assert fast["recommended"] and fast["owner_returns_while_lent"] > 5 * max(1, slow["owner_returns_while_lent"])
+    fast, slow, recommended = summary["policies"]  # type: ignore[misc]
+    assert fast["owner_returns_while_lent"] > 5 * max(1, slow["owner_returns_while_lent"])
+    assert recommended["recommended"] and recommended["evictions_total"] < fast["evictions_total"]

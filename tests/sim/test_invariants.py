@@ -189,7 +189,7 @@ def test_the_same_run_without_faults_passes_every_check() -> None:
     s = scenario(DEV_BUSY_FIRST_HOUR, [{"arrival": "0s", "duration": "3h", "gpus": 8}], nodes=1)
     sim = run(s)
     assert sim.checker.checks > 5
-    assert sim.metrics.evictions == {"OwnerBack": 1}
+    assert sim.metrics.returns.evictions == {"OwnerBack": 1}
 
 
 def test_the_audit_catches_a_model_that_contradicts_itself() -> None:

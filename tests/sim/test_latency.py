@@ -164,7 +164,7 @@ def test_owner_holds_spread_from_the_draws() -> None:
         s = parse_scenario(scenario_data)
         sim = Simulation(s, build_workload(s), s.policies[0])
         sim.run()
-        return sim.metrics.holds_ms
+        return sim.metrics.returns.holds_ms
 
     sampled = holds(data)
     assert len(sampled) == 20 and len(set(sampled)) > 5

@@ -93,7 +93,7 @@ policies = st.sampled_from(
     ]
 )
 """Idle timers off the 10 s poll grid: on it, a poll lands on the timer's end up to rounding, which
-the simulation resolves to the exact end (``_arm_idle_check``) and a float grid may miss by 1e-13 s."""
+the simulation resolves to the exact end (``Owners._arm_idle_check``) and a float grid may miss by 1e-13 s."""
 
 
 @settings(max_examples=40, deadline=None)

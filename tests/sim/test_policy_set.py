@@ -12,7 +12,11 @@ import pytest
 import yaml
 
 from spotgpu.cli import main
-from spotgpu.core.config import ConfigError
+from spotgpu.core.config import AgentConfig, ConfigError, parse_duration
+from spotgpu.core.ids import NodeName
+from spotgpu.core.lending import LendRules
+from spotgpu.scheduler.model import Node, parse_node_annotations
+from spotgpu.sim.lending import policy_rules
 from spotgpu.sim.report import RECOMMENDED_MARK, render_html, summary_table
 from spotgpu.sim.runner import simulate
 from spotgpu.sim.scenario import (
@@ -30,13 +34,34 @@ from spotgpu.sim.scenario import (
 EF_EXCERPT = Path(__file__).parent / "data" / "elasticflow-cluster10-first40.csv"
 
 
-def test_default_set_recommends_exactly_lowpower_2m() -> None:
-    assert [p.name for p in DEFAULT_POLICIES if p.recommended] == ["lowpower-2m"]
+def agent_rules(agent: AgentConfig) -> LendRules:
+    """The state machine's rules as the agent builds them (``agent.settings``)."""
+    return LendRules(agent.max_inactive_time, agent.lending)
+
+
+def test_default_set_recommends_exactly_auto_predictive() -> None:
+    assert [p.name for p in DEFAULT_POLICIES if p.recommended] == ["auto-predictive"]
     names = [p.name for p in DEFAULT_POLICIES]
     assert names[0] == "baseline" and not DEFAULT_POLICIES[0].lending
-    assert {"lowpower-10m", "lowpower-30m", "idle-10m"} <= set(names)
+    assert {"lowpower-2m", "lowpower-10m", "lowpower-30m", "idle-10m", "predictive-2m"} <= set(names)
     for name in ("default", "bursty"):  # both embedded scenarios use the default set
         assert scenario_argument(name).policies == DEFAULT_POLICIES
+
+
+def test_the_recommended_policy_is_what_a_cluster_runs_by_default() -> None:
+    """The agent's defaults (maxInactiveTime, agent.lending) and the scheduler's default node
+    strategy (annotation absent) are the recommended policy's, and the chart does not override them."""
+    (rec,) = (p for p in DEFAULT_POLICIES if p.recommended)
+    agent = AgentConfig()
+    assert rec.lending and rec.guard
+    assert rec.max_inactive_time == agent.max_inactive_time
+    assert policy_rules(rec.max_inactive_time, rec.lend_policy, rec.predictive, rec.guard) == agent_rules(agent)
+    assert rec.strategy is Node(NodeName("n"), ()).strategy is parse_node_annotations("n", {})[1]
+    values = yaml.safe_load((Path(__file__).parents[2] / "deploy/chart/spotgpu/values.yaml").read_text())
+    chart = values["agent"]["config"]
+    assert parse_duration(chart["maxInactiveTime"], "maxInactiveTime") == agent.max_inactive_time
+    assert chart["lending"]["policy"] == agent.lending.policy.value
+    assert not set(chart["lending"]) - {"policy", "unguardedPolicy"}  # predictive: the defaults
 
 
 def test_a_newer_recommendation_is_one_appended_entry() -> None:
@@ -160,3 +185,16 @@ def test_embedded_scenarios_by_name_and_files_by_path(tmp_path: Path, capsys: py
     assert main(["simulate", "--scenario", "nope", "--no-progress"]) == 2
     assert "not an embedded scenario" in capsys.readouterr().err
     assert scenario_argument(str(_replaying(tmp_path))).name == "replay"
+
+
+TUNING = sorted((Path(__file__).parent / "data" / "scenarios").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", TUNING, ids=[p.stem for p in TUNING])
+def test_the_tuning_scenarios_load_and_use_the_default_set(path: Path) -> None:
+    """The scenarios the recommended policy was chosen on (docs/simulator.md, "The recommended
+    policy") stay valid: each loads, builds its workload and runs the default policy set."""
+    s = scenario_argument(str(path))
+    assert s.policies == DEFAULT_POLICIES and s.name == path.stem
+    w = build_workload(s)
+    assert w.owners and any(j.spot for j in w.jobs) and not scenario_summary(s, w)["warnings"]

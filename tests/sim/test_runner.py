@@ -101,7 +101,7 @@ def test_trimmed_snapshots_decide_like_full_ones(small: Any) -> None:
         trimmed = run_policy(scenario, workload, policy, Hooks(trim_snapshots=True, cap_pending=False))
         full = run_policy(scenario, workload, policy, Hooks(trim_snapshots=False))
         assert trimmed.summary == {**full.summary, "invariant_checks": trimmed.summary["invariant_checks"]}
-        assert trimmed.metrics.snapshot_nodes < full.metrics.snapshot_nodes
+        assert trimmed.metrics.cycles.snapshot_nodes < full.metrics.cycles.snapshot_nodes
 
 
 def test_trimmed_snapshots_carry_the_cluster_wide_victim_scale(small: Any) -> None:

@@ -54,6 +54,7 @@ def test_default_scenario_loads_and_builds() -> None:
         "lowpower-30m",
         "idle-10m",
         "predictive-2m",
+        "auto-predictive",
     ]
     w = build_workload(s)
     summary = scenario_summary(s, w)
@@ -85,7 +86,7 @@ def test_no_policies_means_the_default_set() -> None:
     s = parse_scenario(minimal())
     assert s.policies == DEFAULT_POLICIES
     assert s.policies[0].lending is False
-    assert {p.strategy for p in s.policies[1:]} == {NodeStrategy.IDLE, NodeStrategy.LOWPOWER}
+    assert {p.strategy for p in s.policies[1:]} == {NodeStrategy.IDLE, NodeStrategy.LOWPOWER, NodeStrategy.AUTO}
 
 
 def test_automatic_schedule_period_grows_with_the_cluster() -> None:

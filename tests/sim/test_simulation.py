@@ -45,7 +45,7 @@ def run(s: Scenario, policy: str, hooks: Hooks | None = None) -> tuple[Simulatio
 
 
 def gpu_hours(sim: Simulation, category: Category) -> float:
-    return sim.metrics.gpu_seconds[category] / HOUR
+    return sim.metrics.time.gpu_seconds[category] / HOUR
 
 
 OWNER_BACK = {

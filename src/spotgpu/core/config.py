@@ -365,7 +365,7 @@ class PredictiveConfig:
 class LendingConfig:
     """``agent.lending``: the lending policy (docs/agent.md, "The lending state machine")."""
 
-    policy: LendPolicyKind = LendPolicyKind.TIMER
+    policy: LendPolicyKind = LendPolicyKind.PREDICTIVE
     unguarded_policy: UnguardedPolicy = UnguardedPolicy.REFUSE
     predictive: PredictiveConfig = dataclasses.field(default_factory=PredictiveConfig)
 

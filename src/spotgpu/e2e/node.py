@@ -215,6 +215,9 @@ class Node:
                 "nodeName": NODE,
                 "detectInterval": s.detect_interval,
                 "maxInactiveTime": s.max_inactive_time,
+                # every cycle lends again after maxInactiveTime: the timer, not the predictive
+                # default (which backs off owners that keep coming back, as these cycles do)
+                "lending": {"policy": "timer"},
                 "gpuResource": NVIDIA_GPU_RESOURCE,
                 "gpuBackend": "devnode",
                 "deviceNodes": [

@@ -11,8 +11,10 @@ Public API (docs/simulator.md):
 * :class:`InvariantViolation`: what a broken promise raises;
 * :func:`~spotgpu.sim.report.write_outputs`, :func:`~spotgpu.sim.report.summary_table`.
 
-Modules: ``engine`` (the event heap), ``model`` (the cluster's state), ``simulation`` (event
-handlers driving the scheduler and agent code), ``invariants``, ``metrics``, ``scenario``,
+Modules: ``engine`` (the event heap), ``model`` (the cluster's state), ``events``, ``state``
+(one run's shared state), ``simulation`` (the core dispatching events to ``owners`` (activity,
+the agent's lending), ``jobs``, ``apply`` (decisions acted out) and ``snapshot`` (the scheduler's
+view, trimmed)), ``lending``, ``schedview``, ``invariants``, ``metrics``, ``scenario``,
 ``workloads/`` (one source per module), ``defaults`` (every latency and its source),
 ``runner``, ``report``, ``progress``, ``excerpts`` (rebuilds the shipped trace excerpts).
 Side effects live in ``runner`` (worker processes), ``report`` (files), ``progress`` (stderr)

@@ -40,8 +40,9 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 @dataclass(slots=True)
-class Metrics:
-    """Counters and integrals of one policy run."""
+class GpuTime:
+    """GPU-time per :class:`~spotgpu.sim.model.Category` (and lent GPU-time), integrated between
+    changes, and the time series the allocation plot draws."""
 
     total_gpus: int
     counts: list[int] = field(default_factory=list)
@@ -50,29 +51,6 @@ class Metrics:
     lent_gpu_seconds: float = 0.0
     last_t: float = 0.0
     samples: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)
-    evictions: Counter[str] = field(default_factory=Counter)
-    evicted_pods: Counter[str] = field(default_factory=Counter)
-    useful_spot_gpu_s: float = 0.0
-    wasted_spot_gpu_s: float = 0.0
-    checkpointed_spot_gpu_s: float = 0.0
-    spot_waits: list[float] = field(default_factory=list)
-    """Arrival to first start, of started spot jobs."""
-    spot_waits_censored: list[float] = field(default_factory=list)
-    """Arrival to the end of the run, of spot jobs never started."""
-    spot_jcts: list[float] = field(default_factory=list)
-    reserved_waits: list[float] = field(default_factory=list)
-    reserved_waits_censored: list[float] = field(default_factory=list)
-    reserved_jcts: list[float] = field(default_factory=list)
-    holds_ms: list[float] = field(default_factory=list)
-    exposures_ms: list[float] = field(default_factory=list)
-    returns_while_lent: int = 0
-    returns_with_eviction: int = 0
-    loans: int = 0
-    cycles: int = 0
-    cycles_skipped: int = 0
-    binds: int = 0
-    snapshot_nodes: int = 0
-    snapshot_groups: int = 0
 
     def __post_init__(self) -> None:
         self.counts = [0] * len(Category)
@@ -98,13 +76,78 @@ class Metrics:
     def sample(self, now: float) -> None:
         self.samples.append((now, tuple(self.counts)))
 
+
+@dataclass(slots=True)
+class SpotWork:
+    """Spot GPU-seconds not lost (completed, checkpointed before an eviction, running at the end),
+    lost to evictions, and the part of the useful ones saved by checkpoints."""
+
+    useful: float = 0.0
+    wasted: float = 0.0
+    checkpointed: float = 0.0
+
+
+@dataclass(slots=True)
+class JobTimes:
+    """Waits (arrival to first start; never started: censored at the end) and completion times."""
+
+    spot_waits: list[float] = field(default_factory=list)
+    """Arrival to first start, of started spot jobs."""
+    spot_waits_censored: list[float] = field(default_factory=list)
+    """Arrival to the end of the run, of spot jobs never started."""
+    spot_jcts: list[float] = field(default_factory=list)
+    reserved_waits: list[float] = field(default_factory=list)
+    reserved_waits_censored: list[float] = field(default_factory=list)
+    reserved_jcts: list[float] = field(default_factory=list)
+
     def censor(self, spot: bool, waited: float) -> None:
         """A job never started: its wait so far, censored at the end of the run."""
         (self.spot_waits_censored if spot else self.reserved_waits_censored).append(waited)
 
+
+@dataclass(slots=True)
+class Returns:
+    """Loans, owners' returns (holds, exposures) and evictions by reason."""
+
+    loans: int = 0
+    while_lent: int = 0
+    """Owners coming back to lent GPUs."""
+    with_eviction: int = 0
+    """Those with spot work on their GPUs."""
+    holds_ms: list[float] = field(default_factory=list)
+    exposures_ms: list[float] = field(default_factory=list)
+    evictions: Counter[str] = field(default_factory=Counter)
+    evicted_pods: Counter[str] = field(default_factory=Counter)
+
     def eviction(self, reason: EvictionReason, pods: int) -> None:
         self.evictions[reason.value] += 1
         self.evicted_pods[reason.value] += pods
+
+
+@dataclass(slots=True)
+class CycleStats:
+    """Scheduling cycles run and skipped, binds, and the snapshots' sizes (nodes, PodGroups)."""
+
+    run: int = 0
+    skipped: int = 0
+    binds: int = 0
+    snapshot_nodes: int = 0
+    snapshot_groups: int = 0
+
+
+@dataclass(slots=True)
+class Metrics:
+    """Counters and integrals of one policy run, grouped."""
+
+    time: GpuTime
+    spot: SpotWork = field(default_factory=SpotWork)
+    jobs: JobTimes = field(default_factory=JobTimes)
+    returns: Returns = field(default_factory=Returns)
+    cycles: CycleStats = field(default_factory=CycleStats)
+
+    @classmethod
+    def of(cls, total_gpus: int) -> Metrics:
+        return cls(GpuTime(total_gpus))
 
 
 def _h(seconds: float) -> float:
@@ -122,10 +165,11 @@ def _waits(kind: str, started: list[float], censored: list[float]) -> dict[str, 
     }
 
 
-def summarize(m: Metrics, horizon: float) -> dict[str, object]:
+def summarize(metrics: Metrics, horizon: float) -> dict[str, object]:
     """The per-policy figures (everything except the policy's own settings)."""
-    secs = m.gpu_seconds
-    total = m.total_gpus * horizon
+    t, w, j, m = metrics.time, metrics.spot, metrics.jobs, metrics.returns
+    secs = t.gpu_seconds
+    total = t.total_gpus * horizon
     spot_s = secs[Category.SPOT_UNALLOCATED] + secs[Category.SPOT_LENT] + secs[Category.SPOT_EXPOSED]
     busy = spot_s + secs[Category.RESERVED] + secs[Category.OWNER_ACTIVE]
     allocated = total - secs[Category.FREE]
@@ -133,29 +177,29 @@ def summarize(m: Metrics, horizon: float) -> dict[str, object]:
         "reclaimed_gpu_hours": _h(secs[Category.SPOT_LENT]),
         "spot_gpu_hours": _h(spot_s),
         "spot_unallocated_gpu_hours": _h(secs[Category.SPOT_UNALLOCATED]),
-        "useful_spot_gpu_hours": _h(m.useful_spot_gpu_s),
-        "wasted_spot_gpu_hours": _h(m.wasted_spot_gpu_s),
-        "checkpointed_spot_gpu_hours": _h(m.checkpointed_spot_gpu_s),
-        "lent_gpu_hours": _h(m.lent_gpu_seconds),
+        "useful_spot_gpu_hours": _h(w.useful),
+        "wasted_spot_gpu_hours": _h(w.wasted),
+        "checkpointed_spot_gpu_hours": _h(w.checkpointed),
+        "lent_gpu_hours": _h(t.lent_gpu_seconds),
         "loans": m.loans,
         "evictions": {r.value: m.evictions.get(r.value, 0) for r in EvictionReason if m.evictions.get(r.value)},
         "evictions_total": sum(m.evictions.values()),
         "evicted_pods": sum(m.evicted_pods.values()),
-        "owner_returns_while_lent": m.returns_while_lent,
-        "owner_returns_with_eviction": m.returns_with_eviction,
+        "owner_returns_while_lent": m.while_lent,
+        "owner_returns_with_eviction": m.with_eviction,
         "owner_hold_ms_p50": round(percentile(m.holds_ms, 50), 4),
         "owner_hold_ms_p99": round(percentile(m.holds_ms, 99), 4),
         "owner_hold_ms_max": round(max(m.holds_ms, default=0.0), 4),
         "owner_exposed_ms_max": round(max(m.exposures_ms, default=0.0), 4),
         "owner_exposures": len(m.exposures_ms),
-        **_waits("spot", m.spot_waits, m.spot_waits_censored),
-        "spot_jct_s_p50": round(percentile(m.spot_jcts, 50), 3),
-        "spot_jct_s_p99": round(percentile(m.spot_jcts, 99), 3),
-        **_waits("reserved", m.reserved_waits, m.reserved_waits_censored),
+        **_waits("spot", j.spot_waits, j.spot_waits_censored),
+        "spot_jct_s_p50": round(percentile(j.spot_jcts, 50), 3),
+        "spot_jct_s_p99": round(percentile(j.spot_jcts, 99), 3),
+        **_waits("reserved", j.reserved_waits, j.reserved_waits_censored),
         "gpu_allocation_rate": round(allocated / total, 6) if total else 0.0,
         "gpu_busy_rate": round(busy / total, 6) if total else 0.0,
         "gpu_hours_by_category": {name: _h(secs[i]) for i, name in enumerate(CATEGORY_NAMES)},
     }
 
 
-__all__ = ["Metrics", "percentile", "summarize"]
+__all__ = ["CycleStats", "GpuTime", "JobTimes", "Metrics", "Returns", "SpotWork", "percentile", "summarize"]

@@ -1,8 +1,9 @@
 """The simulated cluster's state: nodes, GPUs, owners, jobs, pods and ShadowPods.
 
 Plain mutable records (the simulated world changes; decisions about it are data elsewhere);
-no I/O. :mod:`spotgpu.sim.simulation` mutates them only through its handlers, which keep the
-invariant checker and the metrics informed. Each record caches the frozen scheduler object it
+no I/O. The simulation's components (:mod:`spotgpu.sim.simulation` and the modules it
+dispatches to) mutate them only through their handlers, which keep the invariant checker and
+the metrics informed. Each record caches the frozen scheduler object it
 last produced (``Node``, ``Pod``, ``PodGroup``) and drops the cache when it changes, so a
 snapshot reuses every unchanged object.
 """
@@ -19,7 +20,9 @@ from spotgpu.core.types import EvictionReason, Health
 from spotgpu.scheduler.model import GPURequest, Nomination, PodGroupPhase
 
 if TYPE_CHECKING:
-    from spotgpu.scheduler.model import GPU, Node, Pod, PodGroup, ShadowPod
+    from collections.abc import Mapping
+
+    from spotgpu.scheduler.model import GPU, IdleForecast, Node, Pod, PodGroup, ShadowPod
     from spotgpu.sim.lending import OwnerAgent
     from spotgpu.sim.scenario import JobSpec
     from spotgpu.sim.workloads import OwnerTrace
@@ -87,7 +90,11 @@ class GpuSim:
 class NodeSim:
     __slots__ = (
         "cached",
+        "forecast",
+        "forecast_kind",
+        "forecast_node",
         "free_twins",
+        "gpu_states",
         "gpus",
         "health",
         "health_key",
@@ -108,7 +115,15 @@ class NodeSim:
         self.unallocated = 0
         """GPUs unallocated or held by a ShadowPod: where reserved pods can go (maybe after preemption)."""
         self.kind: tuple[object, ...] = ()
-        """The multiset of its GPUs' states (see ``Simulation._first_per_kind``)."""
+        """The multiset of its GPUs' states (see ``spotgpu.sim.snapshot.Snapshots.first_per_kind``)."""
+        self.gpu_states: list[tuple[object, ...]] = []
+        """Each GPU's state in ``kind``, in GPU order (a lent GPU's forecast bucket is added per cycle)."""
+        self.forecast: tuple[tuple[object, ...], Mapping[DeviceID, IdleForecast]] | None = None
+        """The last forecasts of its owners and their merge (reused while none changed)."""
+        self.forecast_kind: tuple[object, object, tuple[float, ...], tuple[object, ...]] | None = None
+        """The last kind with forecasts: (``gpu_states``, forecasts, leases, the kind)."""
+        self.forecast_node: tuple[Node, Mapping[DeviceID, IdleForecast], Node] | None = None
+        """The last scheduler object with idle forecasts: (``cached`` then, the forecasts, the object)."""
         self.health: dict[DeviceID, Health] | None = None
         self.health_key: tuple[object, ...] = ()
         """Twin health as the agent's rule gave it, and the inputs it was computed from."""
@@ -124,6 +139,7 @@ class OwnerSim:
         "active",
         "active_end",
         "agent",
+        "forecast",
         "gpus",
         "hold_start",
         "idle_check",
@@ -132,7 +148,6 @@ class OwnerSim:
         "lend",
         "poll_phase",
         "ref",
-        "return_pending",
         "trace",
     )
 
@@ -154,7 +169,8 @@ class OwnerSim:
         """Engine handle of the pending idle poll."""
         self.hold_start: float | None = None
         """When the owner came back while lent (start of the hold or exposure)."""
-        self.return_pending = False
+        self.forecast: tuple[object, float, dict[DeviceID, IdleForecast]] | None = None
+        """The last forecast published for it: (lending state, as of, forecast per device)."""
 
     @property
     def devices(self) -> tuple[DeviceID, ...]:

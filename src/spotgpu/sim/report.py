@@ -156,15 +156,25 @@ def write_plots(runs: Sequence[PolicyRun], horizon: float, out: Path) -> list[Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    written = []
-    names = [r.policy.name for r in runs]
+    plots = (
+        ("allocation.png", _plot_allocation(plt, runs, horizon)),
+        ("reclaimed.png", _plot_reclaimed(plt, runs)),
+        ("evictions.png", _plot_evictions(plt, runs)),
+        ("spot_cdf.png", _plot_spot_cdfs(plt, runs)),
+        ("owner_hold.png", _plot_holds(plt, runs)),
+    )
+    written = [_save(fig, out / name) for name, fig in plots]
+    plt.close("all")
+    return written
 
-    # 1. GPU allocation over time: one stacked-area panel per policy.
+
+def _plot_allocation(plt: Any, runs: Sequence[PolicyRun], horizon: float) -> Any:
+    """GPU allocation over time: one stacked-area panel per policy."""
     cols = min(3, len(runs))
     rows = math.ceil(len(runs) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.2 * rows), squeeze=False, sharey=True)
     for ax, run in zip(axes.flat, runs, strict=False):
-        samples = run.metrics.samples
+        samples = run.metrics.time.samples
         hours = [t / 3600 for t, _ in samples]
         series = [[counts[c] for _, counts in samples] for c in Category]
         ax.stackplot(
@@ -183,9 +193,11 @@ def write_plots(runs: Sequence[PolicyRun], horizon: float, out: Path) -> list[Pa
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles[::-1], labels[::-1], loc="center right", fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 0.86, 1))
-    written.append(_save(fig, out / "allocation.png"))
+    return fig
 
-    # 2. Reclaimed vs wasted GPU-hours.
+
+def _plot_reclaimed(plt: Any, runs: Sequence[PolicyRun]) -> Any:
+    """Reclaimed vs wasted GPU-hours per policy."""
     fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(runs)), 3.6))
     x = range(len(runs))
     width = 0.38
@@ -193,35 +205,40 @@ def write_plots(runs: Sequence[PolicyRun], horizon: float, out: Path) -> list[Pa
     wasted = [float(r.summary["wasted_spot_gpu_hours"]) for r in runs]  # type: ignore[arg-type]
     ax.bar([i - width / 2 for i in x], reclaimed, width, label="reclaimed (spot on lent GPUs)", color="#2e8b57")
     ax.bar([i + width / 2 for i in x], wasted, width, label="wasted (lost to evictions)", color="#d62728")
-    ax.set_xticks(list(x), names, rotation=20, ha="right", fontsize=9)
+    ax.set_xticks(list(x), [r.policy.name for r in runs], rotation=20, ha="right", fontsize=9)
     ax.set_ylabel("GPU-hours")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    written.append(_save(fig, out / "reclaimed.png"))
+    return fig
 
-    # 3. Evictions by reason (stacked).
+
+def _plot_evictions(plt: Any, runs: Sequence[PolicyRun]) -> Any:
+    """Gang evictions by reason (stacked) per policy."""
     fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(runs)), 3.6))
-    reasons = sorted({reason for r in runs for reason in r.metrics.evictions})
+    x = range(len(runs))
+    reasons = sorted({reason for r in runs for reason in r.metrics.returns.evictions})
     bottom = [0.0] * len(runs)
     palette = ["#ff7f0e", "#1f77b4", "#9467bd", "#8c564b"]
     for k, reason in enumerate(reasons):
-        values = [float(r.metrics.evictions.get(reason, 0)) for r in runs]
+        values = [float(r.metrics.returns.evictions.get(reason, 0)) for r in runs]
         ax.bar(list(x), values, 0.6, bottom=bottom, label=reason, color=palette[k % len(palette)])
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.set_xticks(list(x), names, rotation=20, ha="right", fontsize=9)
+    ax.set_xticks(list(x), [r.policy.name for r in runs], rotation=20, ha="right", fontsize=9)
     ax.set_ylabel("gang evictions")
     if reasons:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    written.append(_save(fig, out / "evictions.png"))
+    return fig
 
-    # 4. Spot wait and JCT CDFs.
+
+def _plot_spot_cdfs(plt: Any, runs: Sequence[PolicyRun]) -> Any:
+    """Spot queueing delay (censored waits included) and completion time, as CDFs."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     for i, run in enumerate(runs):
-        waits = run.metrics.spot_waits + run.metrics.spot_waits_censored
-        label = f"{run.policy.name}, {len(run.metrics.spot_waits_censored)} censored"
+        waits = run.metrics.jobs.spot_waits + run.metrics.jobs.spot_waits_censored
+        label = f"{run.policy.name}, {len(run.metrics.jobs.spot_waits_censored)} censored"
         _cdf(ax1, [w / 60 for w in waits], label, f"C{i}")
-        _cdf(ax2, [j / 3600 for j in run.metrics.spot_jcts], run.policy.name, f"C{i}")
+        _cdf(ax2, [j / 3600 for j in run.metrics.jobs.spot_jcts], run.policy.name, f"C{i}")
     ax1.set_xscale("symlog", linthresh=1.0)
     ax1.set_xlabel("spot queueing delay, unstarted jobs censored at the end (minutes, log above 1)")
     ax2.set_xlabel("spot job completion time (hours)")
@@ -231,15 +248,17 @@ def write_plots(runs: Sequence[PolicyRun], horizon: float, out: Path) -> list[Pa
         ax.grid(alpha=0.3)
     ax2.legend(fontsize=8)
     fig.tight_layout()
-    written.append(_save(fig, out / "spot_cdf.png"))
+    return fig
 
-    # 5. Owner hold distribution.
+
+def _plot_holds(plt: Any, runs: Sequence[PolicyRun]) -> Any:
+    """The owner-hold distribution per policy."""
     fig, ax = plt.subplots(figsize=(6, 3.6))
     any_hold = False
     for i, run in enumerate(runs):
-        if run.metrics.holds_ms:
+        if run.metrics.returns.holds_ms:
             any_hold = True
-            _cdf(ax, run.metrics.holds_ms, run.policy.name, f"C{i}")
+            _cdf(ax, run.metrics.returns.holds_ms, run.policy.name, f"C{i}")
     ax.set_xlabel("owner's first GPU call held on return (ms)")
     ax.set_ylabel("fraction of returns")
     ax.set_ylim(0, 1)
@@ -249,9 +268,7 @@ def write_plots(runs: Sequence[PolicyRun], horizon: float, out: Path) -> list[Pa
     else:
         ax.text(0.5, 0.5, "no owner came back to a lent GPU", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
-    written.append(_save(fig, out / "owner_hold.png"))
-    plt.close("all")
-    return written
+    return fig
 
 
 def _cdf(ax: Any, values: Sequence[float], label: str, color: str) -> None:

@@ -27,7 +27,15 @@ from spotgpu.scheduler.config import SchedulerConfig
 from spotgpu.sim import defaults
 from spotgpu.sim.inputs import StreamUse, scenario_summary
 from spotgpu.sim.latency import Latencies
-from spotgpu.sim.workloads import JOB_SOURCES, OWNER_SOURCES, JobRequest, OwnerRequest, OwnerTrace, PriorityRule
+from spotgpu.sim.workloads import (
+    JOB_SOURCES,
+    OWNER_SOURCES,
+    JobRequest,
+    LeaseRule,
+    OwnerRequest,
+    OwnerTrace,
+    PriorityRule,
+)
 from spotgpu.sim.workloads.base import TraceJob, WorkloadError
 
 DEFAULT_SCENARIO: Final = Path(__file__).resolve().parent / "data" / "default.yaml"
@@ -111,6 +119,8 @@ class JobStreamKeys:
     load: float | None = None
     scale: float | None = None
     priority: PriorityRule = dataclasses.field(default_factory=PriorityRule)
+    min_lease: LeaseRule = dataclasses.field(default_factory=LeaseRule)
+    """Spot streams: the minimum lease each job declares (:mod:`spotgpu.sim.workloads.lease`)."""
     reserved_priority: int = 1000
     gpus_per_pod: int | None = None
     max_gpus: int | None = None
@@ -253,6 +263,8 @@ def _job_stream(entry: Mapping[str, object], path: str, spot: bool) -> JobStream
     common, source, section = _source_section(entry, path, JOB_SOURCES.names())
     if not spot and "priority" in common:
         raise ConfigError(f"{path}.priority: reserved jobs have no spot priority; use reservedPriority")
+    if not spot and "minLease" in common:
+        raise ConfigError(f"{path}.minLease: reserved jobs declare no minimum lease (spot jobs only)")
     keys = from_mapping(JobStreamKeys, common, path)
     _check_name(f"{path}.name", keys.name)
     if keys.load is not None and keys.scale is not None:
@@ -374,11 +386,21 @@ DEFAULT_POLICIES: Final = _policy_set(
     PolicySpec("lowpower-30m", max_inactive_time=Seconds(1800.0)),
     PolicySpec("idle-10m", max_inactive_time=Seconds(600.0), strategy=NodeStrategy.IDLE),
     PolicySpec("predictive-2m", max_inactive_time=Seconds(120.0), lend_policy=LendPolicyKind.PREDICTIVE),
+    # The agent's defaults (AgentConfig: maxInactiveTime, lending) on the scheduler's default node
+    # strategy: chosen on a set of scenarios (docs/simulator.md, "The recommended policy").
+    PolicySpec(
+        "auto-predictive",
+        max_inactive_time=defaults.MAX_INACTIVE_TIME_S,
+        strategy=NodeStrategy.AUTO,
+        lend_policy=LendPolicyKind.PREDICTIVE,
+        recommended=True,
+    ),
     # A new recommendation: append its entry with recommended=True (the last mark wins).
 )
 """Used when a scenario lists no policies: the baseline, three ``maxInactiveTime`` values with
-the ``lowpower`` strategy, the ``idle`` strategy at the agent's default 10 min, and the
-recommended policy (today the best static one on the default scenarios: lowpower-2m)."""
+the ``lowpower`` strategy, the ``idle`` strategy at the agent's default 10 min, the predictive
+policy at 2 min, and the recommended policy, ``auto-predictive``: what a cluster runs by default
+(the agent's ``maxInactiveTime`` and ``lending`` defaults, the ``auto`` node strategy)."""
 
 
 # --- the workload a scenario implies (identical for every policy) -----------------------------
@@ -407,6 +429,8 @@ class JobSpec:
     priority: SpotPriority | None
     """Spot priority; None for reserved jobs."""
     reserved_priority: int = 0
+    min_lease: float = 0.0
+    """Spot: the minimum lease in seconds the gang declares (``PodGroup.min_lease``; 0: none)."""
 
     @property
     def gpus(self) -> int:
@@ -502,6 +526,7 @@ def _job_specs(stream: JobStream, raw: list[TraceJob], per_pod: int) -> list[Job
                 pods,
                 priority,
                 0 if stream.spot else stream.reserved_priority,
+                stream.min_lease.assign(job) if stream.spot else 0.0,
             )
         )
     return out

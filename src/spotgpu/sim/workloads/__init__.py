@@ -21,6 +21,7 @@ from spotgpu.sim.workloads.base import (
     TraceJob,
     WorkloadError,
 )
+from spotgpu.sim.workloads.lease import LeaseRule
 from spotgpu.sim.workloads.priority import PriorityRule
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "OwnerRequest",
     "OwnerSource",
     "OwnerTrace",
+    "LeaseRule",
     "PriorityRule",
     "TraceJob",
     "WorkloadError",

@@ -89,6 +89,8 @@ class TraceJob:
     gpus: int
     priority: SpotPriority | None = None
     """An explicit spot priority (inline jobs); otherwise the stream's rule decides."""
+    min_lease: float | None = None
+    """An explicit minimum lease in seconds (inline jobs); otherwise the stream's ``minLease`` rule."""
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.arrival) or self.arrival < 0:

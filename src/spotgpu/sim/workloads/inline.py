@@ -16,7 +16,7 @@ outcome is computed by hand::
         source: inline
         inline:
           jobs:
-            - {arrival: 20m, duration: 30m, gpus: 8, priority: spotmid}
+            - {arrival: 20m, duration: 30m, gpus: 8, priority: spotmid, minLease: 20m}
 """
 
 from __future__ import annotations
@@ -68,8 +68,11 @@ class InlineJob:
     duration: Seconds
     gpus: int
     priority: SpotPriority | None = None
+    min_lease: Seconds | None = None
 
     def __post_init__(self) -> None:
+        if self.min_lease is not None and self.min_lease < 0:
+            raise ConfigError("minLease: must not be negative")
         if self.duration <= 0:
             raise ConfigError("duration: must be greater than zero")
         if self.gpus < 1:
@@ -110,7 +113,14 @@ class InlineJobSource:
         if request.target_gpu_seconds is not None or (request.scale is not None and request.scale != 1.0):
             raise WorkloadError(f"{request.stream}: inline jobs are taken as written; drop 'load' and 'scale'")
         jobs = [
-            TraceJob(f"{NAME}:{request.stream}:{i}", j.arrival, j.duration, j.gpus, j.priority)
+            TraceJob(
+                f"{NAME}:{request.stream}:{i}",
+                j.arrival,
+                j.duration,
+                j.gpus,
+                j.priority,
+                None if j.min_lease is None else float(j.min_lease),
+            )
             for i, j in enumerate(config.jobs)
         ]
         too_big = [j.origin for j in jobs if j.gpus > request.max_gpus]
