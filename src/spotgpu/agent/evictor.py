@@ -2,27 +2,36 @@
 
 Decides nothing (the plan comes from :func:`~spotgpu.agent.model.plan_eviction`, the decision
 to evict from :mod:`spotgpu.core.lending`). Side effects, all through ports: container tasks
-(stop, list), the sweep hook (kill what still runs on the GPUs through ``/proc``), the
-Kubernetes API (delete pods, retried within a budget; leftovers retried later), metrics, the
-MappingCache (victims forgotten) and the release callback the caller passes.
+(pin, stop, list, the runtime's deferred bookkeeping), the sweep hook (kill what still runs on
+the GPUs through ``/proc``), the Kubernetes API (delete pods, retried within a budget;
+leftovers retried later), metrics, the MappingCache (victims forgotten), the release callbacks
+the caller passes, and the eviction executor's threads (:class:`EvictionExecutor`).
 
-Interface: :meth:`Evictor.evict` runs one plan on the calling thread, in this order, and
-returns an :class:`EvictionOutcome` with its timings:
+Interface: :meth:`Evictor.evict` runs one plan and returns an :class:`EvictionOutcome` with its
+timings. The owner's part (steps 1-4, up to the release) runs on the eviction executor, a
+thread at raised scheduling priority (``agent.eviction.realtime``), while the calling thread
+waits; the rest on the calling thread:
 
 1. victims without a container ID are completed from a fresh containerd listing (by CRI labels);
 2. eviction metrics (reason, spot user's namespace; once per pod);
-3. every spot container task is stopped (optional bounded SIGTERM grace, then SIGKILL) and each
-   stop verified; containers not verified stopped are remembered and stopped again by
-   :meth:`retry_pending`; victims still unverified are swept off the plan's GPUs;
+3. every spot container task is stopped (optional bounded SIGTERM grace, then SIGKILL to all of
+   them before any stop is verified) and each stop verified; containers not verified stopped
+   are remembered and stopped again by :meth:`retry_pending`; victims still unverified are
+   swept off the plan's GPUs;
 4. the MappingCache forgets the victims and ``release()`` is called: the owner's held call may
    proceed now, on clean GPUs (``release`` is called exactly once, also when a step fails);
-5. the pods are deleted through the Kubernetes API in parallel, retried within
-   ``delete_budget`` seconds of real time (:class:`~spotgpu.core.clock.Timer`); leftovers are
-   retried by :meth:`retry_pending`.
+5. on the calling thread: ``released()`` (the caller's bookkeeping: state, publication, the
+   lending record), the container runtime's deferred bookkeeping
+   (:meth:`~spotgpu.agent.node_ports.PinningTaskPort.after_release`), then the pods are deleted
+   through the Kubernetes API in parallel, retried within ``delete_budget`` seconds of real
+   time (:class:`~spotgpu.core.clock.Timer`); leftovers are retried by :meth:`retry_pending`.
 
-This module holds no lock of the solver's: the steps before ``release`` wait only on container
-tasks (a future version may kill all victims in parallel before verifying any). Its own small
-lock guards the pending stops and deletions.
+Before a return: :meth:`Evictor.prepare` hands the task port the spot containers a return
+would stop, so it can pin their processes (no containerd call before the kill).
+
+This module holds no lock of the solver's. Its own small lock guards the pending stops and
+deletions. :class:`ReturnsInFlight` counts owner returns between their signal and their
+release, so detection can step aside meanwhile (``agent.eviction.deferDetection``).
 """
 
 from __future__ import annotations
@@ -32,10 +41,11 @@ import threading
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.agent.model import EvictionPlan, runtime_container_ids
-from spotgpu.agent.node_ports import RuntimeContainer, TaskPort, TaskState
+from spotgpu.agent.node_ports import PinningTaskPort, RuntimeContainer, TaskPort, TaskState, TaskStopResult
 from spotgpu.agent.ports import KubePort
 from spotgpu.core.clock import Clock, Timer
 from spotgpu.core.errors import SpotgpuError, TemporaryError
@@ -43,8 +53,10 @@ from spotgpu.core.ids import DeviceID
 from spotgpu.core.mapping_cache import MappingCache
 from spotgpu.core.refs import PodRef
 from spotgpu.core.types import EvictionReason
+from spotgpu.util.priority import Priority, raise_thread
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SweepFn = Callable[[tuple[DeviceID, ...], Sequence[PodRef]], tuple[int, int]]
 """Kills what still runs on the devices for the pods; returns (killed, still running)."""
@@ -85,6 +97,90 @@ class _Pending:
     attempts: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _OwnerPart:
+    plan: EvictionPlan
+    failed: tuple[str, ...]
+    stopped_at: float
+    released_at: float
+
+
+EXECUTOR_THREADS = 4
+"""Owners whose evictions run at once (each thread is busy only until its owner's release)."""
+
+
+class EvictionExecutor:
+    """Long-lived threads that run the owner's part of evictions, at raised scheduling priority
+    when ``realtime`` (:func:`~spotgpu.util.priority.raise_thread`); one is started (and raised)
+    at construction, so the first return pays neither a thread start nor a priority change."""
+
+    PREFIX = "spotgpu-evict"
+
+    def __init__(self, *, realtime: bool = True, threads: int = EXECUTOR_THREADS) -> None:
+        self.realtime = realtime
+        self.priorities: list[Priority] = []
+        """What each thread got (the kernel may refuse ``SCHED_RR``: then nice -10, or normal)."""
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=self.PREFIX, initializer=self._raise)
+        self._pool.submit(lambda: None).result()
+
+    def _raise(self) -> None:
+        if self.realtime:
+            self.priorities.append(raise_thread())
+
+    def run(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on one of the executor's threads (on the calling thread if it is one);
+        returns its result or raises its exception."""
+        if threading.current_thread().name.startswith(self.PREFIX):
+            return fn()
+        return self._pool.submit(fn).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class ReturnsInFlight:
+    """Owner returns between their signal and their release. :meth:`enter` when one starts; the
+    ticket's :meth:`Ticket.leave` (idempotent) when its owner was released."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._count = 0
+
+    def enter(self) -> Ticket:
+        with self._cond:
+            self._count += 1
+        return Ticket(self)
+
+    def _leave(self) -> None:
+        with self._cond:
+            self._count -= 1
+            if self._count == 0:
+                self._cond.notify_all()
+
+    @property
+    def active(self) -> bool:
+        return self._count > 0
+
+    def wait_clear(self, timeout: float) -> bool:
+        """Block while a return is in flight, at most ``timeout`` seconds; True when none is."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._count == 0, timeout)
+
+
+class Ticket:
+    """One return in flight (see :class:`ReturnsInFlight`)."""
+
+    def __init__(self, returns: ReturnsInFlight) -> None:
+        self._returns: ReturnsInFlight | None = returns
+        self._lock = threading.Lock()
+
+    def leave(self) -> None:
+        with self._lock:
+            returns, self._returns = self._returns, None
+        if returns is not None:
+            returns._leave()
+
+
 class Evictor:
     """Executes eviction plans (see module docstring)."""
 
@@ -97,6 +193,7 @@ class Evictor:
         clock: Clock,
         timer: Timer,
         mapping: MappingCache,
+        realtime: bool = True,
     ) -> None:
         self.tasks = tasks
         self.kube = kube
@@ -111,30 +208,37 @@ class Evictor:
         self._pending_stops: set[str] = set()
         """Spot containers an eviction could not verify stopped: stopped again by :meth:`retry_pending`."""
         self._deleter = ThreadPoolExecutor(max_workers=8, thread_name_prefix="evict-delete")
+        self.executor = EvictionExecutor(realtime=realtime)
         self.sweep: SweepFn | None = None
         self.on_runtime: Callable[[list[RuntimeContainer]], None] | None = None
         """Receives a containerd listing made for victims without container IDs."""
 
     def close(self) -> None:
+        self.executor.close()
         self._deleter.shutdown(wait=True, cancel_futures=True)
 
-    def evict(self, plan: EvictionPlan, settings: EvictionSettings, release: ReleaseFn) -> EvictionOutcome:
+    def prepare(self, container_ids: Collection[str]) -> None:
+        """Before a return: the spot containers a return would stop now (the task port pins
+        their processes when it can)."""
+        if isinstance(self.tasks, PinningTaskPort):
+            self.tasks.pin(container_ids)
+
+    def evict(
+        self,
+        plan: EvictionPlan,
+        settings: EvictionSettings,
+        release: ReleaseFn,
+        released: Callable[[], None] | None = None,
+    ) -> EvictionOutcome:
         """Run ``plan`` (steps 1-5 of the module docstring)."""
-        released_at: float | None = None
+        part = self.executor.run(lambda: self._owner_part(plan, settings, release))
+        plan = part.plan
         try:
-            plan = self._complete_victims(plan)
-            self._count(plan)
-            failed = self._stop(plan, settings)
-            self._sweep(plan, set(failed))
-            stopped_at = self.clock.monotonic()
-            self.metrics.eviction_seconds.labels(reason=plan.reason.value).observe(max(0.0, stopped_at - plan.at))
-            for victim in plan.victims:
-                self.mapping.remove_user(victim.pod)
-            released_at = release()  # the GPUs are clean: the owner's call proceeds now
-            undeleted = self._delete_pods(plan, settings)
+            if released is not None:
+                released()
         finally:
-            if released_at is None:
-                released_at = release()
+            self._runtime_bookkeeping()
+        undeleted = self._delete_pods(plan, settings)
         completed_at = self.clock.monotonic()
         self.metrics.eviction_complete_seconds.labels(reason=plan.reason.value).observe(
             max(0.0, completed_at - plan.at)
@@ -144,10 +248,38 @@ class Evictor:
             plan.owner,
             list(plan.devices),
             (completed_at - plan.at) * 1000,
-            (stopped_at - plan.at) * 1000,
-            (released_at - plan.at) * 1000,
+            (part.stopped_at - plan.at) * 1000,
+            (part.released_at - plan.at) * 1000,
         )
-        return EvictionOutcome(plan, stopped_at, completed_at, tuple(failed), undeleted, released_at)
+        return EvictionOutcome(plan, part.stopped_at, completed_at, part.failed, undeleted, part.released_at)
+
+    def _owner_part(self, plan: EvictionPlan, settings: EvictionSettings, release: ReleaseFn) -> _OwnerPart:
+        """Steps 1-4: everything the owner waits for, on the eviction executor. Nothing here
+        logs per victim or writes a file; those come after the release."""
+        released_at: float | None = None
+        try:
+            plan = self._complete_victims(plan)
+            results = self._stop(plan, settings)
+            failed = [r.container_id for r in results if r.state is TaskState.FAILED]
+            self._sweep(plan, set(failed))
+            stopped_at = self.clock.monotonic()
+            for victim in plan.victims:
+                self.mapping.remove_user(victim.pod)
+            released_at = release()  # the GPUs are clean: the owner's call proceeds now
+        finally:
+            if released_at is None:
+                released_at = release()
+        self.metrics.eviction_seconds.labels(reason=plan.reason.value).observe(max(0.0, stopped_at - plan.at))
+        self._count(plan)
+        self._report(plan, results)
+        return _OwnerPart(plan, tuple(failed), stopped_at, released_at)
+
+    def _runtime_bookkeeping(self) -> None:
+        if isinstance(self.tasks, PinningTaskPort):
+            try:
+                self.tasks.after_release()
+            except Exception:
+                log.exception("the container runtime's bookkeeping after a release failed")
 
     def _count(self, plan: EvictionPlan) -> None:
         for victim in plan.victims:
@@ -157,7 +289,7 @@ class Evictor:
             if first:
                 self.metrics.evictions.labels(reason=plan.reason.value, namespace=victim.pod.namespace or "").inc()
             log.info(
-                "evict %s from owner %s devices %s (reason %s): stopping containers %s",
+                "evicted %s from owner %s devices %s (reason %s): containers %s",
                 victim.pod,
                 plan.owner,
                 list(victim.devices),
@@ -165,17 +297,19 @@ class Evictor:
                 list(victim.container_ids),
             )
 
-    def _stop(self, plan: EvictionPlan, settings: EvictionSettings) -> list[str]:
-        """Stop and verify every task of the plan; the IDs not verified stopped."""
+    def _stop(self, plan: EvictionPlan, settings: EvictionSettings) -> list[TaskStopResult]:
+        """Stop and verify every task of the plan; remembers the ones not verified stopped."""
         if not plan.container_ids:
             return []
-        failed: list[str] = []
         results = self.tasks.stop_tasks(plan.container_ids, grace=settings.sigterm_grace, timeout=settings.stop_timeout)
+        with self._lock:
+            self._pending_stops.update(r.container_id for r in results if r.state is TaskState.FAILED)
+        return results
+
+    def _report(self, plan: EvictionPlan, results: Sequence[TaskStopResult]) -> None:
+        """Metrics and one log line per stop (after the release)."""
         for result in results:
             if result.state is TaskState.FAILED:
-                failed.append(result.container_id)
-                with self._lock:
-                    self._pending_stops.add(result.container_id)
                 self.metrics.task_stop_failures.inc()
                 log.error(
                     "owner %s: spot container %s not verified stopped: %s",
@@ -191,7 +325,6 @@ class Evictor:
                     result.state.value,
                     result.exit_status,
                 )
-        return failed
 
     def _complete_victims(self, plan: EvictionPlan) -> EvictionPlan:
         """Fill in container IDs of victims that have none yet (a spot pod whose container just
@@ -286,6 +419,7 @@ class Evictor:
                 log.info("spot container %s now verified stopped (%s)", result.container_id, result.state.value)
                 with self._lock:
                     self._pending_stops.discard(result.container_id)
+            self._runtime_bookkeeping()
         with self._lock:
             deletes = list(self._pending_deletes.items())
         for pod, entry in deletes:
@@ -305,4 +439,13 @@ class Evictor:
                 del self._pending_deletes[pod]
 
 
-__all__ = ["EvictionOutcome", "EvictionSettings", "Evictor", "ReleaseFn", "SweepFn"]
+__all__ = [
+    "EvictionExecutor",
+    "EvictionOutcome",
+    "EvictionSettings",
+    "Evictor",
+    "ReleaseFn",
+    "ReturnsInFlight",
+    "SweepFn",
+    "Ticket",
+]

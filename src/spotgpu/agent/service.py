@@ -197,6 +197,7 @@ class Agent:
                 twin_replicas=config.twin_replicas,
                 shared_replicas=config.shared_replicas,
                 shadow_namespace=config.shadow_namespace,
+                return_path=config.eviction,
             ),
             kube=kube,
             tasks=tasks,
@@ -409,9 +410,16 @@ class Agent:
             log.warning("listing containers failed: %s", exc)
             return None
 
+    def _yield_to_returns(self) -> None:
+        """Wait while an owner's return is on its way to the release (``deferDetection``):
+        detection takes the solver's lock, the GIL and a CPU the eviction needs."""
+        if self.config.eviction.defer_detection and self.solver.returns.active:
+            self.solver.returns.wait_clear(self.config.eviction_timeout + 1.0)
+
     def reconcile(self, recovering: bool = False) -> list[EvictionOutcome]:
         """Re-read the node's view and refresh the solver. Until one refresh succeeded, every
         refresh is a recovering one (a pod-resources outage at start must not skip recovery)."""
+        self._yield_to_returns()
         with self._reconcile_lock:
             try:
                 allocations = self.pod_resources.list()
@@ -503,8 +511,10 @@ class Agent:
         return {cid: self._refs[cid] for cid in wanted}
 
     def detect_once(self, *, reconcile: bool = True) -> CycleReport:
-        """One detection cycle: refresh the mapping, measure, judge every owner, act."""
+        """One detection cycle: refresh the mapping, measure, judge every owner, act. Each step
+        first waits while an owner's return is in flight (:meth:`_yield_to_returns`)."""
         cpu0, wall0 = time.process_time(), time.perf_counter()
+        self._yield_to_returns()
         devices = self.solver.devices()
         try:
             devices_now = self.backend.devices()
@@ -517,6 +527,7 @@ class Agent:
         if reconcile:
             self.reconcile()
         gpu_pids: dict[DeviceID, list[int]] | None
+        self._yield_to_returns()
         try:
             gpu_pids = {d: [p.pid for p in procs] for d, procs in self.backend.processes().items()}
         except SpotgpuError as exc:
@@ -536,6 +547,7 @@ class Agent:
             if candidates:
                 pid_container = self.attributor.attribute(sorted(candidates), self._ref_points(owners))
         samples = owner_samples(self.clock.monotonic(), owners, utilization, gpu_pids, pid_container)
+        self._yield_to_returns()
         events = self.solver.observe(samples)
         self.solver.account()
         self.solver.annotate()

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from spotgpu.agent.evictor import EvictionSettings
 from spotgpu.agent.steer import TwinPool, twin_pools
 from spotgpu.core import keys
-from spotgpu.core.config import LendingConfig
+from spotgpu.core.config import EvictionConfig, LendingConfig
 from spotgpu.core.ids import NodeName, ResourceName
 from spotgpu.core.lending import LendRules
 
@@ -44,6 +44,8 @@ class SolverSettings:
     before ours does."""
     lending: LendingConfig = field(default_factory=LendingConfig)
     """The lending policy (``agent.lending``)."""
+    return_path: EvictionConfig = field(default_factory=EvictionConfig)
+    """The return path's switches (``agent.eviction``): the evictor's thread priority, pinning."""
 
     @property
     def pools(self) -> tuple[TwinPool, ...]:

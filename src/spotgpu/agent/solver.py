@@ -29,9 +29,12 @@ Eviction (owner back, coverage lost, or a violation), in this order:
    even for a spot container the kubelet restarts with an old grant;
 2. for an owner's return, pod-resources is read again and the plan made from it, so a spot
    container started since the last refresh is not missed;
-3. the evictor stops and verifies every spot task (:mod:`spotgpu.agent.evictor`);
-4. the MappingCache forgets the victims, the owner is ``active`` and the guard disarmed: the
-   owner's held call proceeds on a clean GPU; then the lending record is written;
+3. the evictor stops and verifies every spot task (:mod:`spotgpu.agent.evictor`, on its
+   raised-priority executor);
+4. the MappingCache forgets the victims and the guard is disarmed: the owner's held call
+   proceeds on a clean GPU (this step takes no lock of ours); then, under the lock, the owner
+   becomes ``active`` (its ``EvictionDone``) and the twins are republished, and after it the
+   lending record is written;
 5. the spot pods are deleted through the Kubernetes API. This comes after the release on
    purpose: the owner waits for its GPUs to be clean, not for the API server (whose latency a
    node does not control), and by step 1 nothing can put spot work back on them.
@@ -39,7 +42,12 @@ Eviction (owner back, coverage lost, or a violation), in this order:
 Concurrency: one lock guards the state; a state transition (``lent`` -> ``evicting``) happens
 exactly once under it, so a guard signal and a detection poll racing for the same owner produce
 one eviction. Evictions run outside the lock, so one owner's eviction never delays another
-owner's guard signal. Every step is logged with the owner and the devices.
+owner's guard signal. An owner's return takes the lock only for short sections with no I/O
+(the transition, planning from the fresh read); its release takes none. :attr:`Solver.returns`
+counts the returns between their signal and their release: the agent's detection waits while
+one is in flight (``agent.eviction.deferDetection``). Before a return, every refresh hands the
+evictor the spot containers on lent GPUs (:meth:`~spotgpu.agent.evictor.Evictor.prepare`: their
+processes are pinned). Every step is logged with the owner and the devices.
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ from dataclasses import dataclass, field
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.agent.allocator import Allocator, Grant
 from spotgpu.agent.detect import WatchedOwner
-from spotgpu.agent.evictor import EvictionOutcome, Evictor, SweepFn
+from spotgpu.agent.evictor import EvictionOutcome, Evictor, ReturnsInFlight, SweepFn, Ticket
 from spotgpu.agent.guarding import GuardExecutor
 from spotgpu.agent.lookups import SolverLookups, SolverState
 from spotgpu.agent.model import (
@@ -99,6 +107,8 @@ class _Effects:
     events: list[tuple[str, str]] = field(default_factory=list)
     """Node events ``(reason, message)``."""
     reports: list[Action] = field(default_factory=list)
+    released: Owner | None = None
+    """An owner the evictor released already (its ``EvictionDone``'s Disarm is not repeated)."""
 
 
 class Solver(SolverLookups):
@@ -141,15 +151,23 @@ class Solver(SolverLookups):
         self.publisher = Publisher(settings.node, kube=kube, publish=publish, metrics=metrics)
         self.records = RecordKeeper(store, metrics=metrics, clock=clock)
         self.evictor = Evictor(
-            tasks=tasks, kube=kube, metrics=metrics, clock=clock, timer=timer or SystemTimer(), mapping=self.mapping
+            tasks=tasks,
+            kube=kube,
+            metrics=metrics,
+            clock=clock,
+            timer=timer or SystemTimer(),
+            mapping=self.mapping,
+            realtime=settings.return_path.realtime,
         )
+        self.returns = ReturnsInFlight()
+        """Owner returns between their guard signal and their release (see module docstring)."""
         self.evictor.on_runtime = self._set_runtime
         self.action_log: list[Action] | None = None
         """When a list, every action the state machine returned is appended (tests)."""
         self.refresh_hook: Callable[[], None] | None = None
         """Called by :meth:`allocate` when a twin's owner is unknown (re-reads pod-resources)."""
         self.fresh_allocations: Callable[[], Sequence[AllocatedDevices]] | None = None
-        """Reads pod-resources now; an owner-back eviction plans from it (see :meth:`_fresh_snapshot`)."""
+        """Reads pod-resources now; an owner-back eviction plans from it (see :meth:`_fresh_allocations`)."""
         self.on_eviction: Callable[[EvictionOutcome], None] | None = None
         self.live_pods: Callable[[], Sequence[PodInfo]] | None = None
         """This node's pods as the pod watch knows them now, in binding order (first seen first);
@@ -227,11 +245,25 @@ class Solver(SolverLookups):
             self.evictor.prune(live, self._pods)
             plans = self._violations(build.snapshot, now, recovering, effects)
             self.publish_locked()
+            lent_users = self._lent_users_locked(now)
         self._after(effects)
         self.persist()
+        self.evictor.prepare(lent_users)
         outcomes = [self._run_eviction(plan) for plan in plans]
         self.evictor.retry_pending(self.settings.eviction)
         return outcomes
+
+    def _lent_users_locked(self, now: float) -> set[str]:
+        """The container IDs an owner-back eviction of each lent owner would stop now."""
+        snapshot = self.mapping.snapshot()
+        ids: set[str] = set()
+        for owner, s in self._owners.items():
+            if s.state is LendState.LENT:
+                plan = plan_eviction(
+                    snapshot, owner, s.devices, self._pods, self._runtime, reason=EvictionReason.OWNER_BACK, at=now
+                )
+                ids.update(plan.container_ids)
+        return ids
 
     def _violations(
         self, snapshot: MappingSnapshot, now: float, recovering: bool, effects: _Effects
@@ -336,7 +368,8 @@ class Solver(SolverLookups):
                     self._feed(self._owners[owner], lending.ArmFailed(), now, effects)
                     return  # the loan does not happen: skip the rest of its actions
             elif isinstance(action, lending.Disarm):
-                self.guards.disarm(owner)
+                if effects.released != owner:
+                    self.guards.disarm(owner)
             elif isinstance(action, lending.Persist):
                 if i + 1 < len(actions):
                     self.persist()  # on disk before what follows (a lend: before the twins turn Healthy)
@@ -430,28 +463,33 @@ class Solver(SolverLookups):
 
     def owner_back(self, owner: ContainerRef) -> EvictionOutcome | None:
         """The guard caught ``owner`` starting a GPU session: evict at once (no poll wait)."""
-        now = self.clock.monotonic()
-        effects = _Effects()
-        with self.lock:
-            state = self._owners.get(owner)
-            if state is None or state.state is LendState.ACTIVE:
-                log.info("guard: owner %s is back but nothing is lent; releasing its call", owner)
-            if state is None:
-                self.guards.disarm(owner)
-                return None
-            self._feed(state, lending.GuardSignal(), now, effects)
-            self._flush_locked(effects)  # twins Unhealthy first: no new spot container gets these GPUs now
-        self._after(effects)
-        if not effects.evicts:
-            return None  # not lent, or an eviction is already running (it releases the guard when done)
-        return self._owner_eviction(effects.evicts[0])
+        ticket = self.returns.enter()
+        try:
+            now = self.clock.monotonic()
+            effects = _Effects()
+            with self.lock:
+                state = self._owners.get(owner)
+                if state is None or state.state is LendState.ACTIVE:
+                    log.info("guard: owner %s is back but nothing is lent; releasing its call", owner)
+                if state is None:
+                    self.guards.disarm(owner)
+                    return None
+                self._feed(state, lending.GuardSignal(), now, effects)
+                self._flush_locked(effects)  # twins Unhealthy first: no new spot container gets these GPUs now
+            self._after(effects)
+            if not effects.evicts:
+                return None  # not lent, or an eviction is already running (it releases the guard when done)
+            return self._owner_eviction(effects.evicts[0], ticket)
+        finally:
+            ticket.leave()
 
-    def _owner_eviction(self, evict: lending.Evict) -> EvictionOutcome:
+    def _owner_eviction(self, evict: lending.Evict, ticket: Ticket | None = None) -> EvictionOutcome:
         """Plan (from a fresh pod-resources read) and run an eviction the state machine started."""
-        fresh = self._fresh_snapshot()
+        allocations = self._fresh_allocations()
         with self.lock:
+            snapshot = self._build(allocations).snapshot if allocations is not None else self.mapping.snapshot()
             plan = plan_eviction(
-                fresh or self.mapping.snapshot(),
+                snapshot,
                 evict.owner,
                 evict.devices,
                 self._pods,
@@ -466,10 +504,10 @@ class Solver(SolverLookups):
             list(plan.devices),
             len(plan.victims),
         )
-        return self._run_eviction(plan)
+        return self._run_eviction(plan, ticket)
 
-    def _fresh_snapshot(self) -> MappingSnapshot | None:
-        """The mapping from a pod-resources read made now, or None (no reader, or it failed).
+    def _fresh_allocations(self) -> Sequence[AllocatedDevices] | None:
+        """A pod-resources read made now, or None (no reader, or it failed).
 
         The cache is only as fresh as the last refresh (up to ``detectInterval`` old); a spot
         container that started since then would be missing from an eviction planned from it.
@@ -478,12 +516,10 @@ class Solver(SolverLookups):
         if self.fresh_allocations is None:
             return None
         try:
-            allocations = self.fresh_allocations()
+            return self.fresh_allocations()
         except Exception as exc:  # never leave an owner stuck in 'evicting': plan from the cache
             log.warning("re-reading pod-resources before an eviction failed (planning from the cache): %s", exc)
             return None
-        with self.lock:
-            return self._build(allocations).snapshot
 
     def _build(self, allocations: Sequence[AllocatedDevices]) -> MappingBuild:
         """The mapping ``allocations`` imply with the current devices and pods; caller holds the lock."""
@@ -497,9 +533,14 @@ class Solver(SolverLookups):
             shadow_namespace=self.settings.shadow_namespace,
         )
 
-    def _run_eviction(self, plan: EvictionPlan) -> EvictionOutcome:
+    def _run_eviction(self, plan: EvictionPlan, ticket: Ticket | None = None) -> EvictionOutcome:
         try:
-            outcome = self.evictor.evict(plan, self.settings.eviction, lambda: self._release(plan.owner))
+            outcome = self.evictor.evict(
+                plan,
+                self.settings.eviction,
+                lambda: self._release(plan.owner, ticket),
+                lambda: self._eviction_done(plan.owner),
+            )
         finally:
             with self.lock:
                 self._evicting.discard(plan.owner)  # from here on, leftover users are violations again
@@ -510,26 +551,33 @@ class Solver(SolverLookups):
             self.on_eviction(outcome)
         return outcome
 
-    def _release(self, owner: Owner) -> float:
-        """The owner is active again (its twins stay Unhealthy) and the guard lets its call go.
+    def _release(self, owner: Owner, ticket: Ticket | None) -> float:
+        """The guard lets the owner's held call go (no lock of ours: nothing the owner waits on
+        waits behind a detection cycle); :meth:`_eviction_done` follows at once."""
+        if isinstance(owner, ContainerRef):
+            self.guards.disarm(owner)
+        released_at = self.clock.monotonic()
+        if ticket is not None:
+            ticket.leave()
+        return released_at
 
-        The lending record is written right after the release, not before: no file I/O on the
+    def _eviction_done(self, owner: Owner) -> None:
+        """The owner is active again (its twins stay Unhealthy; its guard was disarmed by
+        :meth:`_release`).
+
+        The lending record is written after the release, not before: no file I/O on the
         owner's wait. A crash in between leaves the owner recorded as lent; the next start then
         lends it again with the guard armed, and either its first detection round sees the
         owner on its GPUs (evicted before the device plugin registers) or the guard catches its
         next session start: a stale record costs a loan, never an unprotected owner."""
-        effects = _Effects()
+        effects = _Effects(released=owner)
         with self.lock:
             state = self._owners.get(owner) if isinstance(owner, ContainerRef) else None
             if state is not None:
                 self._feed(state, lending.EvictionDone(), self.clock.monotonic(), effects)
-            elif isinstance(owner, ContainerRef):
-                self.guards.disarm(owner)
-            released_at = self.clock.monotonic()
             effects.publish = True
             self._flush_locked(effects)
         self._after(effects)
-        return released_at
 
     # -- publishing ------------------------------------------------------------------------------
     def _view(self, *, use: bool) -> NodeView:

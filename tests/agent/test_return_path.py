@@ -1,0 +1,159 @@
+"""The return path on a busy node (issue 15), on the agent's in-memory fakes: the eviction runs
+on the raised-priority executor, the owner's release takes no solver lock, detection waits
+while a return is in flight, the spot containers on lent GPUs are handed to the task port for
+pinning, and the runtime's bookkeeping comes after the release. Each behaviour is behind an
+``agent.eviction`` switch; each switch is tested both ways where it changes what happens."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Collection, Sequence
+from pathlib import Path
+
+import pytest
+
+from spotgpu.agent.evictor import EvictionExecutor, ReturnsInFlight
+from spotgpu.agent.fakes import FakeTasks
+from spotgpu.agent.model import LendState
+from spotgpu.agent.node_ports import PinningTaskPort, TaskStopResult
+from spotgpu.core.config import AgentConfig, ConfigError, EvictionConfig, from_mapping
+from spotgpu.util.priority import thread_policy
+
+from .helpers import OWNER, Rig, make_rig
+
+WAIT = 10.0
+
+
+class PinningTasks(FakeTasks):
+    """FakeTasks that can pin (records every call) and can hold a stop until told to go on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pins: list[set[str]] = []
+        self.events: list[str] = []
+        self.stop_threads: list[tuple[str, str]] = []
+        self.stopping = threading.Event()
+        self.proceed = threading.Event()
+        self.proceed.set()
+
+    def pin(self, container_ids: Collection[str]) -> None:
+        self.pins.append(set(container_ids))
+
+    def after_release(self) -> None:
+        self.events.append("after_release")
+
+    def stop_tasks(self, container_ids: Sequence[str], *, grace: float, timeout: float) -> list[TaskStopResult]:
+        thread = threading.current_thread()
+        self.stop_threads.append((thread.name, thread_policy(threading.get_native_id())))
+        self.stopping.set()
+        assert self.proceed.wait(WAIT), "the test never let the stop go on"
+        self.events.append("stop")
+        return super().stop_tasks(container_ids, grace=grace, timeout=timeout)
+
+
+def lent_rig(tmp_path: Path, eviction: EvictionConfig | None = None) -> tuple[Rig, PinningTasks]:
+    tasks = PinningTasks()
+    rig = make_rig(tmp_path, eviction=eviction, tasks=tasks)
+    rig.cycle(0)
+    rig.cycle(61)
+    assert rig.agent.solver.state().lend_states[OWNER] is LendState.LENT
+    rig.add_spot("job-a", [rig.d[0]], "cid-a")
+    rig.add_spot("job-b", [rig.d[1]], "cid-b")
+    rig.add_spot("job-c", [rig.d[2]], "cid-c")  # an unallocated GPU: not the owner's, not pinned for it
+    rig.cycle(1)
+    return rig, tasks
+
+
+def test_the_switches_are_agent_eviction_keys_and_default_on() -> None:
+    config = from_mapping(AgentConfig, {"eviction": {"realtime": False, "pinPidfds": False}})
+    assert config.eviction == EvictionConfig(realtime=False, pin_pidfds=False)
+    assert AgentConfig().eviction == EvictionConfig(True, True, True, True)
+    with pytest.raises(ConfigError):
+        from_mapping(AgentConfig, {"eviction": {"realTime": True}})
+
+
+@pytest.mark.root
+@pytest.mark.parametrize(("realtime", "policy"), [(True, "SCHED_RR 10"), (False, "normal")])
+def test_the_eviction_runs_on_the_executor_at_the_configured_priority(
+    tmp_path: Path, realtime: bool, policy: str
+) -> None:
+    rig, tasks = lent_rig(tmp_path, EvictionConfig(realtime=realtime))
+    rig.guard.owner_back(OWNER)
+    [(name, seen)] = tasks.stop_threads
+    assert name.startswith(EvictionExecutor.PREFIX) and seen == policy
+    assert thread_policy(threading.get_native_id()) == "normal"  # the caller's thread is left alone
+    rig.agent.stop()
+
+
+def test_the_owners_release_waits_on_no_solver_lock(tmp_path: Path) -> None:
+    """While the spot tasks stop, another thread takes the solver's lock and keeps it until the
+    owner is released: the release (guard disarm) still happens; the owner becomes ``active``
+    in the state once the lock is free again."""
+    rig, tasks = lent_rig(tmp_path)
+    tasks.proceed.clear()
+    released = threading.Event()
+    real_disarm = rig.guard.disarm
+    rig.guard.disarm = lambda o: (real_disarm(o), released.set())[0]  # type: ignore[method-assign]
+    returning = threading.Thread(target=rig.guard.owner_back, args=(OWNER,))
+    returning.start()
+    assert tasks.stopping.wait(WAIT)
+    seen_while_locked: list[bool] = []
+    locked = threading.Event()
+
+    def hog() -> None:
+        with rig.agent.solver.lock:
+            locked.set()
+            seen_while_locked.append(released.wait(WAIT))
+
+    holder = threading.Thread(target=hog)
+    holder.start()
+    assert locked.wait(WAIT)
+    tasks.proceed.set()
+    holder.join(WAIT)
+    returning.join(WAIT)
+    assert seen_while_locked == [True]
+    assert rig.agent.solver.state().lend_states[OWNER] is LendState.ACTIVE
+    assert rig.guard.calls.count(("disarm", OWNER)) == 1  # EvictionDone's Disarm is not repeated
+
+
+@pytest.mark.parametrize("defer", [True, False])
+def test_detection_waits_while_a_return_is_in_flight(tmp_path: Path, defer: bool) -> None:
+    rig, tasks = lent_rig(tmp_path, EvictionConfig(defer_detection=defer))
+    tasks.proceed.clear()
+    returning = threading.Thread(target=rig.guard.owner_back, args=(OWNER,))
+    returning.start()
+    assert tasks.stopping.wait(WAIT)
+    reads = rig.podres.calls
+    cycle = threading.Thread(target=rig.agent.detect_once)
+    cycle.start()
+    deadline = time.monotonic() + (0.3 if defer else WAIT)
+    while rig.podres.calls == reads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (rig.podres.calls == reads) is defer  # deferred: not even pod-resources was read
+    tasks.proceed.set()
+    returning.join(WAIT)
+    cycle.join(WAIT)
+    assert not cycle.is_alive() and rig.podres.calls > reads
+
+
+def test_refreshes_name_the_lent_owners_spot_containers_and_bookkeeping_follows_the_release(tmp_path: Path) -> None:
+    rig, tasks = lent_rig(tmp_path)
+    assert isinstance(tasks, PinningTaskPort)
+    assert tasks.pins[-1] == {"cid-a", "cid-b"}
+    real_disarm = rig.guard.disarm
+    rig.guard.disarm = lambda o: (tasks.events.append("disarm"), real_disarm(o))[1]  # type: ignore[method-assign]
+    rig.guard.owner_back(OWNER)
+    assert tasks.events == ["stop", "disarm", "after_release"]
+    rig.cycle(1)
+    assert tasks.pins[-1] == set()  # nothing lent any more
+
+
+def test_returns_in_flight_count_each_ticket_once() -> None:
+    returns = ReturnsInFlight()
+    first, second = returns.enter(), returns.enter()
+    first.leave()
+    first.leave()
+    assert returns.active and not returns.wait_clear(0.01)
+    second.leave()
+    assert not returns.active and returns.wait_clear(0.0)
