@@ -30,12 +30,15 @@ from typing import Any
 
 from spotgpu.adapters import pidkill
 from spotgpu.adapters.containerd import ContainerdTasks
+from spotgpu.adapters.pidpins import Pinned, PinTable
+from spotgpu.agent.evictor import EvictionExecutor
 from spotgpu.agent.fakes import FakeGuard
 from spotgpu.agent.node_ports import TaskState, TaskStopResult
 from spotgpu.testing.containerd import Containerd
 
-SHIPPED = ("containerd", "containerd-wait", "kill-rpc")
+SHIPPED = ("containerd-pinned", "containerd", "containerd-wait", "kill-rpc")
 """Strategies that run :meth:`ContainerdTasks.stop_tasks` itself."""
+PIDFD_VERIFIED = ("containerd-pinned", "containerd")
 
 _C_COMMON = r"""
 #define _GNU_SOURCE
@@ -142,7 +145,11 @@ class Probe:
         gc.callbacks.append(self._on_gc)
 
     def on_guard_thread(self) -> bool:
-        return threading.get_ident() == self.guard_thread
+        """On the return's path: the guard's thread, or the agent's eviction executor it hands
+        the eviction to (detection cycles run on neither)."""
+        return threading.get_ident() == self.guard_thread or threading.current_thread().name.startswith(
+            EvictionExecutor.PREFIX
+        )
 
     def close(self) -> None:
         gc.callbacks.remove(self._on_gc)
@@ -176,14 +183,26 @@ class ProbedTasks(ContainerdTasks):
     """The agent's containerd task port with the stop strategy of one variant and probes."""
 
     def __init__(self, address: str, namespace: str, probe: Probe, helper: Helper | None) -> None:
-        super().__init__(address, namespace)
+        super().__init__(address, namespace, pin_pidfds=False)
         self.probe = probe
         self.helper = helper
-        self.strategy = "containerd"
+        self._strategy = "containerd"
         self.boost = False
         self._notify = ThreadPoolExecutor(1, thread_name_prefix="bench-notify")
         self.pinned: dict[str, tuple[int, int]] = {}
         """Container ID -> (init PID, pidfd), opened before the signal (``*-pinned``)."""
+
+    @property
+    def strategy(self) -> str:
+        return self._strategy
+
+    @strategy.setter
+    def strategy(self, name: str) -> None:
+        """Set before the agent starts: ``containerd-pinned`` pins what the agent's refreshes name."""
+        self._strategy = name
+        if self.pins is not None:
+            self.pins.close()
+        self.pins = PinTable(self._init_pids) if name == "containerd-pinned" else None
 
     def close(self) -> None:
         self._notify.shutdown(wait=True)
@@ -196,8 +215,8 @@ class ProbedTasks(ContainerdTasks):
             future.add_done_callback(lambda _f: marks.wait_done.append(time.monotonic_ns()))
         return future
 
-    def _signal_inits(self, container_ids: list[str]) -> dict[str, tuple[bool, int]]:
-        signalled = {} if self.strategy == "kill-rpc" else super()._signal_inits(container_ids)
+    def _kill_now(self, container_ids: list[str]) -> dict[str, Pinned]:
+        signalled = {} if self.strategy == "kill-rpc" else super()._kill_now(container_ids)
         if self.probe.on_guard_thread():
             self.probe.marks.killed = time.monotonic_ns()
         return signalled
@@ -208,7 +227,7 @@ class ProbedTasks(ContainerdTasks):
         marks = self.probe.marks
         marks.stop_enter = time.monotonic_ns()
         if self.strategy in SHIPPED:
-            self.verify_by_pidfd = self.strategy == "containerd"
+            self.verify_by_pidfd = self.strategy in PIDFD_VERIFIED
             results = super().stop_tasks(container_ids, grace=grace, timeout=timeout)
             marks.reported = max(marks.wait_done, default=time.monotonic_ns())
         else:

@@ -12,12 +12,16 @@ probes themselves are in :mod:`spotgpu.bench.probes`.
 
 Variants (``--variants``; each a stop strategy, optionally with a modifier):
 
-* ``containerd-wait``: :meth:`ContainerdTasks.stop_tasks` as it runs by default: a Wait on
-  every task issued first, each init's PID from containerd's ``Tasks.Get``, SIGKILLed through
-  a pidfd, each stop verified by containerd's Wait answer.
+* ``containerd-wait``: :meth:`ContainerdTasks.stop_tasks` as it ran before issue 15
+  (``verify_by_pidfd=False``, no pins): a Wait on every task issued first, each init's PID from
+  containerd's ``Tasks.Get``, SIGKILLed through a pidfd, each stop verified by containerd's Wait
+  answer.
 * ``containerd``: the same with ``verify_by_pidfd=True``: an init that is its PID namespace's
   init is verified by its pidfd turning readable, no Wait for it; containerd's ``Kill(all)``
-  follows off the path.
+  follows after the release.
+* ``containerd-pinned``: :meth:`ContainerdTasks.stop_tasks` as it runs by default: as
+  ``containerd`` with the spot containers' processes pinned by the agent's refreshes
+  (:meth:`ContainerdTasks.pin`), so no ``Tasks.Get`` comes before the kill.
 * ``kill-rpc``: as ``containerd-wait`` with containerd's ``Kill(all)`` per task instead of the
   direct signal (the path before that): one ``runc kill`` process per task.
 * ``pidfd-get``: PIDs from ``Tasks.Get``, SIGKILLed through pidfds
@@ -29,10 +33,13 @@ Variants (``--variants``; each a stop strategy, optionally with a modifier):
   helper process (C, built with :mod:`spotgpu.testing.cbuild`), told the PIDs over a pipe.
 * modifiers: ``+boost`` (direct strategies) raises each victim to nice -20 right after its
   SIGKILL is queued (it runs no more user code then, only its exit); ``+rr`` runs the guard's
-  thread (which runs the eviction) at ``SCHED_RR`` 10 for the whole measurement; ``+nice`` at
-  nice -10; ``+detect`` runs detection cycles back to back on another thread meanwhile (GIL and
+  thread and the agent's eviction executor (``agent.eviction.realtime``, off otherwise) at
+  ``SCHED_RR`` 10 for the whole measurement; ``+nice`` the guard's thread at nice -10;
+  ``+detect`` runs detection cycles back to back on another thread meanwhile (GIL and
   solver-lock contention; an upper bound: a real agent runs one cycle per ``detectInterval``);
-  ``+switch`` sets Python's GIL switch interval to 0.5 ms (default 5 ms) during the measurement.
+  ``+defer`` lets those cycles wait while the return is in flight (``agent.eviction.
+  deferDetection``, off otherwise); ``+switch`` sets Python's GIL switch interval to 0.5 ms
+  (default 5 ms) during the measurement.
 
 Per return, times from the owner-back signal (monotonic, ms): ``wake`` (the guard's thread
 woke), ``plan`` (stop_tasks entered: lock, twins Unhealthy, fresh pod-resources read, plan),
@@ -84,11 +91,12 @@ from spotgpu.bench.probes import (
     runtime_pids,
     watch,
 )
+from spotgpu.core.config import EvictionConfig
 from spotgpu.testing.cbuild import compile_static
 from spotgpu.testing.containerd import Containerd
 
 STRATEGIES = (*SHIPPED, "pidfd-get", "pidfd-pinned", "helper-pinned")
-MODIFIERS = ("rr", "nice", "detect", "boost", "switch")
+MODIFIERS = ("rr", "nice", "detect", "defer", "boost", "switch")
 DEFAULT_VARIANTS = "containerd-wait,containerd,containerd+rr,containerd+detect,pidfd-pinned,pidfd-pinned+rr"
 STAGES = ("wake", "plan", "signal", "die", "report", "collect", "release")
 
@@ -102,6 +110,7 @@ class Variant:
     rr: bool = False
     nice: bool = False
     detect: bool = False
+    defer: bool = False
     boost: bool = False
     switch: bool = False
 
@@ -196,7 +205,8 @@ def one_return(ctx: Context, tag: str, count: int, load: int, variant: Variant) 
         guard = TimedGuard(ctx.probe)
         ctx.tasks.strategy = variant.strategy
         ctx.tasks.boost = variant.boost
-        agent, _ = ctx.node.agent(ctx.tasks, cids, guard=guard)
+        switches = EvictionConfig(realtime=variant.rr, defer_detection=variant.defer)
+        agent, _ = ctx.node.agent(ctx.tasks, cids, guard=guard, eviction=switches)
         signaller: GuardThread | None = None
         try:
             pids = [ctx.tasks.init_pid(c) or 0 for c in cids]
