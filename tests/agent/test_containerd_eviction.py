@@ -150,7 +150,8 @@ def test_stop_tasks_verified_by_the_inits_pidfd(node: Node) -> None:
     assert not DeviceNodeBackend([DeviceNode(DeviceID("GPU-0"), str(node.gpus[0]), 0, 0)]).processes()["GPU-0"]
     node.tasks.after_release()
     for i in range(3):
-        assert by_id[f"victim-{i}"] == TaskStopResult(f"victim-{i}", TaskState.STOPPED, None, "init exited", 9)
+        expected = TaskStopResult(f"victim-{i}", TaskState.STOPPED, None, "init exited (pid from containerd)", 9)
+        assert by_id[f"victim-{i}"] == expected
         eventually_stopped(node, f"victim-{i}")
     assert by_id["no-such"].state is TaskState.GONE
     assert node.tasks.stop_tasks(["victim-0"], grace=0, timeout=5)[0].state is TaskState.STOPPED  # idempotent
@@ -170,7 +171,7 @@ def test_pinned_containers_are_killed_and_verified_with_containerd_down(node: No
         results = node.tasks.stop_tasks(["pinned-0", "pinned-1"], grace=0, timeout=10)
     finally:
         node.containerd.start()
-    assert [(r.state, r.detail) for r in results] == [(TaskState.STOPPED, "init exited")] * 2
+    assert [(r.state, r.detail) for r in results] == [(TaskState.STOPPED, "init exited (pinned)")] * 2
     backend = DeviceNodeBackend([DeviceNode(DeviceID(f"GPU-{i}"), str(g), i, 0) for i, g in enumerate(node.gpus)])
     assert not any(backend.processes().values())
     node.tasks.after_release()
@@ -196,7 +197,7 @@ def test_a_restarted_container_is_pinned_again_and_a_stale_pin_is_never_signalle
     node.tasks.pin(["again"])
     assert node.tasks.pins.pinned() == {"again": second} and second != first
     [result] = node.tasks.stop_tasks(["again"], grace=0, timeout=10)
-    assert (result.state, result.detail) == (TaskState.STOPPED, "init exited")
+    assert (result.state, result.detail) == (TaskState.STOPPED, "init exited (pinned)")
     node.tasks.pin([])
     assert node.tasks.pins.pinned() == {}
 
@@ -252,7 +253,7 @@ def test_a_pinned_container_sharing_a_pid_namespace_is_killed_whole_through_its_
         [result] = node.tasks.stop_tasks(["worker2"], grace=0, timeout=10)
     finally:
         node.containerd.start()
-    assert (result.state, result.detail) == (TaskState.STOPPED, "every process exited")
+    assert (result.state, result.detail) == (TaskState.STOPPED, "every process exited (pinned)")
     assert not Path(f"/proc/{late}/fd").exists() or not os.listdir(f"/proc/{late}/fd")
     assert node.status("pause2") == "RUNNING"
 

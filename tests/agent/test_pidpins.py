@@ -62,7 +62,7 @@ def test_stale_pins_are_dropped_and_pinned_again_and_unnamed_ones_closed(
 ) -> None:
     a, b, c = sleepers
     lookup = Lookup({"a": [a.pid, a.pid, b.pid], "c": [c.pid]})
-    table = PinTable(lookup, retry_interval=0.0)
+    table = PinTable(lookup, retry_interval=0.0, keep=0.0)
     try:
         table.refresh(["a", "c"])
         assert table.pinned() == {"a": a.pid, "c": c.pid}
@@ -74,6 +74,22 @@ def test_stale_pins_are_dropped_and_pinned_again_and_unnamed_ones_closed(
     finally:
         table.close()
     assert table.pinned() == {}
+
+
+def test_a_container_named_once_stays_pinned_for_keep_seconds(sleepers: list[subprocess.Popen[bytes]]) -> None:
+    """The pod watch names a spot container the moment it started; the next detection cycle's
+    refresh (whose view may not list it yet) does not drop it."""
+    a, b, _ = sleepers
+    table = PinTable(Lookup({"a": [a.pid], "b": [b.pid]}), keep=30.0)
+    try:
+        table.refresh(["a"])
+        table.refresh(["b"])
+        assert table.pinned() == {"a": a.pid, "b": b.pid}
+        table.keep = 0.0
+        table.refresh(["b"])
+        assert table.pinned() == {"b": b.pid}
+    finally:
+        table.close()
 
 
 def test_taken_copies_outlive_the_tables_fds(sleepers: list[subprocess.Popen[bytes]]) -> None:

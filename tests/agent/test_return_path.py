@@ -16,11 +16,14 @@ import pytest
 from spotgpu.agent.evictor import EvictionExecutor, ReturnsInFlight
 from spotgpu.agent.fakes import FakeTasks
 from spotgpu.agent.model import LendState
-from spotgpu.agent.node_ports import PinningTaskPort, TaskStopResult
+from spotgpu.agent.node_ports import PinningTaskPort, RuntimeContainer, TaskStopResult
+from spotgpu.agent.ports import ContainerInfo, PodEvent, PodEventType, PodInfo
 from spotgpu.core.config import AgentConfig, ConfigError, EvictionConfig, from_mapping
-from spotgpu.util.priority import thread_policy
+from spotgpu.core.ids import SPOT_GPU_RESOURCE
+from spotgpu.core.refs import PodRef
+from spotgpu.util.priority import raise_thread, thread_policy
 
-from .helpers import OWNER, Rig, make_rig
+from .helpers import NODE, OWNER, Rig, make_rig
 
 WAIT = 10.0
 
@@ -157,3 +160,93 @@ def test_returns_in_flight_count_each_ticket_once() -> None:
     assert returns.active and not returns.wait_clear(0.01)
     second.leave()
     assert not returns.active and returns.wait_clear(0.0)
+
+
+def test_a_view_read_before_the_pods_deletion_does_not_evict_the_dead_again(tmp_path: Path) -> None:
+    """pod-resources still lists the evicted pods (the kubelet has not caught up): a refresh
+    right after the return sees dead users on Unhealthy twins; they were verified stopped
+    moments ago, so nothing is stopped again. A container nobody verified (a restart in the
+    same pod, new ID) is a violation at once."""
+    rig, tasks = lent_rig(tmp_path)
+    rig.guard.owner_back(OWNER)
+    stops = len(tasks.stop_calls)
+    rig.cycle(1)  # the allocations still list job-a and job-b on the owner's GPUs
+    assert len(tasks.stop_calls) == stops
+    rig.add_spot("job-a", [rig.d[0]], "cid-a2")  # job-a again, a new container on the owner's GPU
+    rig.cycle(1)
+    assert "cid-a2" in tasks.stop_calls[-1]
+    assert rig.agent.solver.state().lend_states[OWNER] is LendState.ACTIVE
+
+
+@pytest.mark.root
+def test_work_after_the_release_runs_at_normal_priority_on_a_raised_guard_thread(tmp_path: Path) -> None:
+    """The guard's handler thread is raised (the real guard's thread is SCHED_RR): up to the
+    release it keeps that, but the pod deletions and the bookkeeping after the release run at
+    normal priority (they must not delay the released owner's wake-up); then it is raised again."""
+    rig, _ = lent_rig(tmp_path)
+    seen: dict[str, str] = {}
+    real_delete, real_disarm = rig.kube.delete_pod, rig.guard.disarm
+
+    def delete(*args: object, **kwargs: object) -> None:
+        seen["delete"] = thread_policy(threading.get_native_id())
+        real_delete(*args, **kwargs)  # type: ignore[arg-type]
+
+    def disarm(owner: object) -> None:
+        seen.setdefault("disarm", thread_policy(threading.get_native_id()))
+        real_disarm(owner)  # type: ignore[arg-type]
+
+    rig.kube.delete_pod = delete  # type: ignore[method-assign,assignment]
+    rig.guard.disarm = disarm  # type: ignore[method-assign,assignment]
+
+    def guard_thread() -> None:
+        raise_thread()
+        rig.guard.owner_back(OWNER)
+        seen["after"] = thread_policy(threading.get_native_id())
+
+    thread = threading.Thread(target=guard_thread)
+    thread.start()
+    thread.join(WAIT)
+    assert seen == {"disarm": "SCHED_RR 10", "delete": "normal", "after": "SCHED_RR 10"}
+
+
+class ListingTasks(PinningTasks):
+    def __init__(self) -> None:
+        super().__init__()
+        self.listings = 0
+
+    def list_containers(self) -> list[RuntimeContainer]:
+        self.listings += 1
+        return super().list_containers()
+
+
+def test_a_container_id_the_watch_reported_after_the_last_refresh_needs_no_listing(tmp_path: Path) -> None:
+    """The pod watch reports a new spot container's ID; pod-resources has the pod; no refresh
+    has run since: the return's plan takes the ID from the watch's view, so no containerd
+    listing is made on the owner's path."""
+    tasks = ListingTasks()
+    rig = make_rig(tmp_path, tasks=tasks)
+    rig.cycle(0)
+    rig.cycle(61)
+    rig.add_spot("late", [rig.d[0]], "cid-late")  # watch event + pod-resources, no cycle
+    listings = tasks.listings
+    rig.guard.owner_back(OWNER)
+    assert tasks.stop_calls[-1] == ("cid-late",)
+    assert tasks.listings == listings
+
+
+@pytest.mark.parametrize("pin", [True, False])
+def test_a_spot_container_the_watch_reports_is_pinned_at_once(tmp_path: Path, pin: bool) -> None:
+    rig, tasks = lent_rig(tmp_path, EvictionConfig(pin_pidfds=pin))
+    before = len(tasks.pins)
+    spot = PodInfo(
+        PodRef("spot", "new"),
+        "uid-new",
+        NODE,
+        "Running",
+        containers=(ContainerInfo("worker", "cid-new", {SPOT_GPU_RESOURCE: 1}), ContainerInfo("side", "cid-side")),
+    )
+    rig.agent.on_pod_event(PodEvent(PodEventType.MODIFIED, spot))
+    deadline = time.monotonic() + (WAIT if pin else 0.2)
+    while not any("cid-new" in p for p in tasks.pins[before:]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [p for p in tasks.pins[before:] if "cid-new" in p] == ([{"cid-new"}] if pin else [])

@@ -206,7 +206,8 @@ class ContainerdTasks:
         if grace > 0:
             self._terminate(pending, min(deadline, time.monotonic() + grace), timeout)
         unfinished = [cid for cid in ids if cid not in pending or not pending[cid].wait.done()]
-        killed = self._kill_now(unfinished) if unfinished else {}
+        pinned: set[str] = set()
+        killed = self._kill_now(unfinished, pinned) if unfinished else {}
         by_pidfd = {c for c, k in killed.items() if self.verify_by_pidfd and k.verifiable}
         try:
             for cid in unfinished:
@@ -229,7 +230,8 @@ class ContainerdTasks:
                 if cid in gone
                 else (TaskState.FAILED, "task did not exit in time")
             )
-            results[cid] = TaskStopResult(cid, state, None, detail, 9)
+            how = "pinned" if cid in pinned else "pid from containerd"
+            results[cid] = TaskStopResult(cid, state, None, f"{detail} ({how})", 9)
         unreachable = [
             c for c, r in results.items() if r.state is TaskState.FAILED and c in pending and pending[c].unreachable
         ]
@@ -255,9 +257,10 @@ class ContainerdTasks:
             except grpc.RpcError:
                 pass
 
-    def _kill_now(self, container_ids: list[str]) -> dict[str, Pinned]:
+    def _kill_now(self, container_ids: list[str], pinned: set[str]) -> dict[str, Pinned]:
         """SIGKILL every task's processes directly; returns the signalled ones' pins (the caller
-        closes them). Pinned containers (:meth:`pin`) are signalled at once; for the others the
+        closes them) and adds to ``pinned`` the IDs that were pinned before. Pinned containers
+        (:meth:`pin`) are signalled at once; for the others the
         init PIDs are asked from containerd (``Tasks.Get``, issued before those signals, read
         after them), each pinned with a pidfd and signalled.
 
@@ -278,6 +281,7 @@ class ContainerdTasks:
             if cid not in taken
         }
         pidpins.signal_pinned(taken.values())
+        pinned.update(taken)
         signalled = dict(taken)
         for cid, future in gets.items():
             try:

@@ -27,8 +27,10 @@ What is pinned, per container (:class:`Pinned`):
   way (an unknown layout, the root cgroup, the agent's own) has no file: containerd's
   ``Kill(all)`` and ``Wait`` verify it (the caller's fallback).
 
-Stale pins: :meth:`PinTable.refresh` (every detection cycle) drops pins of containers no longer
-named and pins whose init exited (a finished or restarted container: pinned again from a new
+Stale pins: :meth:`PinTable.refresh` (every detection cycle, and whenever the pod watch shows a
+spot container that started) pins what it is named and drops pins not named for ``keep``
+seconds (so a container named by the pod watch before any detection cycle knows it stays
+pinned) and pins whose init exited (a finished or restarted container: pinned again from a new
 lookup); :meth:`PinTable.take` returns only pins whose init still runs, as duplicated fds the
 caller owns, so a refresh on another thread never closes an fd in use.
 """
@@ -204,13 +206,18 @@ class PinTable:
         proc_root: Path = Path("/proc"),
         cgroup_root: Path = Path("/sys/fs/cgroup"),
         retry_interval: float = 2.0,
+        keep: float = 30.0,
     ) -> None:
         self._lookup = lookup
         self.proc_root = proc_root
         self.cgroup_root = cgroup_root
         self.retry_interval = retry_interval
+        self.keep = keep
+        """Seconds a pin outlives the last :meth:`refresh` that named its container."""
         self._lock = threading.Lock()
         self._pins: dict[str, Pinned] = {}
+        self._named: dict[str, float] = {}
+        """Container ID -> when a refresh last named it (monotonic seconds)."""
         self._retry_at: dict[str, float] = {}
 
     def __len__(self) -> int:
@@ -223,12 +230,15 @@ class PinTable:
             return {cid: p.pid for cid, p in self._pins.items()}
 
     def refresh(self, container_ids: Collection[str]) -> None:
-        """Pin the named containers not pinned yet (or whose init exited); forget the others.
-        A container that could not be pinned (not running, not visible) is tried again after
-        ``retry_interval`` seconds."""
-        wanted = set(container_ids)
+        """Pin the named containers not pinned yet (or whose init exited); forget those not
+        named for ``keep`` seconds. A container that could not be pinned (not running, not
+        visible) is tried again after ``retry_interval`` seconds."""
         now = time.monotonic()
         with self._lock:
+            self._named.update(dict.fromkeys(container_ids, now))
+            for cid in [c for c, at in self._named.items() if now - at > self.keep]:
+                del self._named[cid]
+            wanted = set(self._named)
             for cid in [c for c in self._pins if c not in wanted]:
                 self._pins.pop(cid).close()
             stale = exited_fds(p.fd for p in self._pins.values())
@@ -236,7 +246,8 @@ class PinTable:
                 self._pins.pop(cid).close()
             for cid in [c for c in self._retry_at if c not in wanted]:
                 del self._retry_at[cid]
-            need = sorted(c for c in wanted if c not in self._pins and self._retry_at.get(c, 0.0) <= now)
+            named = set(container_ids)  # only those named now are looked up (others retry when named again)
+            need = sorted(c for c in named if c not in self._pins and self._retry_at.get(c, 0.0) <= now)
             for p in self._pins.values():
                 if p.procs is not None:
                     _refresh_members(p)
@@ -248,7 +259,7 @@ class PinTable:
                 pin = fresh.get(cid)
                 if pin is None:
                     self._retry_at[cid] = now + self.retry_interval
-                elif cid in self._pins or cid not in wanted:
+                elif cid in self._pins or cid not in self._named:
                     pin.close()
                 else:
                     self._retry_at.pop(cid, None)
@@ -313,6 +324,7 @@ class PinTable:
             for pin in self._pins.values():
                 pin.close()
             self._pins.clear()
+            self._named.clear()
 
 
 __all__ = [

@@ -20,18 +20,20 @@ waits; the rest on the calling thread:
    swept off the plan's GPUs;
 4. the MappingCache forgets the victims and ``release()`` is called: the owner's held call may
    proceed now, on clean GPUs (``release`` is called exactly once, also when a step fails);
-5. on the calling thread: ``released()`` (the caller's bookkeeping: state, publication, the
-   lending record), the container runtime's deferred bookkeeping
-   (:meth:`~spotgpu.agent.node_ports.PinningTaskPort.after_release`), then the pods are deleted
-   through the Kubernetes API in parallel, retried within ``delete_budget`` seconds of real
-   time (:class:`~spotgpu.core.clock.Timer`); leftovers are retried by :meth:`retry_pending`.
+5. on the calling thread, at normal priority (:func:`~spotgpu.util.priority.normal_priority`):
+   ``released()`` (the caller's bookkeeping: state, publication, the lending record), the
+   metrics and log lines, then the pods are deleted through the Kubernetes API in parallel,
+   retried within ``delete_budget`` seconds of real time (:class:`~spotgpu.core.clock.Timer`;
+   leftovers are retried by :meth:`retry_pending`), and last the container runtime's deferred
+   bookkeeping (:meth:`~spotgpu.agent.node_ports.PinningTaskPort.after_release`).
 
 Before a return: :meth:`Evictor.prepare` hands the task port the spot containers a return
 would stop, so it can pin their processes (no containerd call before the kill).
 
 This module holds no lock of the solver's. Its own small lock guards the pending stops and
-deletions. :class:`ReturnsInFlight` counts owner returns between their signal and their
-release, so detection can step aside meanwhile (``agent.eviction.deferDetection``).
+deletions. :class:`ReturnsInFlight` counts owner returns in flight (the solver: from the
+guard's signal until the eviction is complete), so detection can step aside meanwhile
+(``agent.eviction.deferDetection``).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from spotgpu.core.ids import DeviceID
 from spotgpu.core.mapping_cache import MappingCache
 from spotgpu.core.refs import PodRef
 from spotgpu.core.types import EvictionReason
-from spotgpu.util.priority import Priority, raise_thread
+from spotgpu.util.priority import Priority, normal_priority, raise_thread
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -85,6 +87,8 @@ class EvictionOutcome:
     released_at: float | None = None
     """When the owner was released (guard disarmed): after the tasks stopped, before the pods
     were deleted."""
+    started_at: float | None = None
+    """When the eviction executor began stopping the tasks (after the caller's planning)."""
 
     @property
     def stop_latency(self) -> float:
@@ -100,10 +104,14 @@ class _Pending:
 @dataclass(frozen=True, slots=True)
 class _OwnerPart:
     plan: EvictionPlan
-    failed: tuple[str, ...]
+    results: tuple[TaskStopResult, ...]
+    started_at: float
     stopped_at: float
     released_at: float
 
+
+STOPPED_MEMORY = 60.0
+"""Seconds a verified stop is remembered (:meth:`Evictor.stopped_lately`)."""
 
 EXECUTOR_THREADS = 4
 """Owners whose evictions run at once (each thread is busy only until its owner's release)."""
@@ -139,8 +147,8 @@ class EvictionExecutor:
 
 
 class ReturnsInFlight:
-    """Owner returns between their signal and their release. :meth:`enter` when one starts; the
-    ticket's :meth:`Ticket.leave` (idempotent) when its owner was released."""
+    """Owner returns in flight. :meth:`enter` when one starts; the ticket's :meth:`Ticket.leave`
+    (idempotent) when it is done."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -206,6 +214,8 @@ class Evictor:
         """Pods evicted and not gone yet (counted once in the eviction metric)."""
         self._pending_deletes: dict[PodRef, _Pending] = {}
         self._pending_stops: set[str] = set()
+        self._stopped: dict[str, float] = {}
+        """Container ID -> when an eviction verified it stopped (monotonic seconds)."""
         """Spot containers an eviction could not verify stopped: stopped again by :meth:`retry_pending`."""
         self._deleter = ThreadPoolExecutor(max_workers=8, thread_name_prefix="evict-delete")
         self.executor = EvictionExecutor(realtime=realtime)
@@ -232,13 +242,23 @@ class Evictor:
     ) -> EvictionOutcome:
         """Run ``plan`` (steps 1-5 of the module docstring)."""
         part = self.executor.run(lambda: self._owner_part(plan, settings, release))
+        with normal_priority():  # the owner runs now: nothing below may delay its wake-up
+            return self._after_release(part, settings, released)
+
+    def _after_release(
+        self, part: _OwnerPart, settings: EvictionSettings, released: Callable[[], None] | None
+    ) -> EvictionOutcome:
+        """Step 5 and the reports, on the calling thread at normal priority."""
         plan = part.plan
+        self.metrics.eviction_seconds.labels(reason=plan.reason.value).observe(max(0.0, part.stopped_at - plan.at))
         try:
             if released is not None:
                 released()
+            self._count(plan)
+            self._report(plan, part.results)
+            undeleted = self._delete_pods(plan, settings)
         finally:
-            self._runtime_bookkeeping()
-        undeleted = self._delete_pods(plan, settings)
+            self._runtime_bookkeeping()  # last: containerd's work must not compete with the owner's first steps
         completed_at = self.clock.monotonic()
         self.metrics.eviction_complete_seconds.labels(reason=plan.reason.value).observe(
             max(0.0, completed_at - plan.at)
@@ -251,15 +271,20 @@ class Evictor:
             (part.stopped_at - plan.at) * 1000,
             (part.released_at - plan.at) * 1000,
         )
-        return EvictionOutcome(plan, part.stopped_at, completed_at, part.failed, undeleted, part.released_at)
+        failed = tuple(r.container_id for r in part.results if r.state is TaskState.FAILED)
+        return EvictionOutcome(
+            plan, part.stopped_at, completed_at, failed, undeleted, part.released_at, part.started_at
+        )
 
     def _owner_part(self, plan: EvictionPlan, settings: EvictionSettings, release: ReleaseFn) -> _OwnerPart:
-        """Steps 1-4: everything the owner waits for, on the eviction executor. Nothing here
-        logs per victim or writes a file; those come after the release."""
+        """Steps 1-4: everything the owner waits for, on the eviction executor, and nothing
+        else (no log line per victim, no metric, no file): the executor is idle again the moment
+        the owner is released."""
+        started_at = self.clock.monotonic()
         released_at: float | None = None
         try:
             plan = self._complete_victims(plan)
-            results = self._stop(plan, settings)
+            results = self._stop(plan.container_ids, settings)
             failed = [r.container_id for r in results if r.state is TaskState.FAILED]
             self._sweep(plan, set(failed))
             stopped_at = self.clock.monotonic()
@@ -269,10 +294,7 @@ class Evictor:
         finally:
             if released_at is None:
                 released_at = release()
-        self.metrics.eviction_seconds.labels(reason=plan.reason.value).observe(max(0.0, stopped_at - plan.at))
-        self._count(plan)
-        self._report(plan, results)
-        return _OwnerPart(plan, tuple(failed), stopped_at, released_at)
+        return _OwnerPart(plan, tuple(results), started_at, stopped_at, released_at)
 
     def _runtime_bookkeeping(self) -> None:
         if isinstance(self.tasks, PinningTaskPort):
@@ -297,14 +319,26 @@ class Evictor:
                 list(victim.container_ids),
             )
 
-    def _stop(self, plan: EvictionPlan, settings: EvictionSettings) -> list[TaskStopResult]:
-        """Stop and verify every task of the plan; remembers the ones not verified stopped."""
-        if not plan.container_ids:
+    def _stop(self, container_ids: Sequence[str], settings: EvictionSettings) -> list[TaskStopResult]:
+        """Stop and verify these tasks; remembers the ones not verified stopped."""
+        if not container_ids:
             return []
-        results = self.tasks.stop_tasks(plan.container_ids, grace=settings.sigterm_grace, timeout=settings.stop_timeout)
+        results = self.tasks.stop_tasks(container_ids, grace=settings.sigterm_grace, timeout=settings.stop_timeout)
+        now = self.clock.monotonic()
         with self._lock:
             self._pending_stops.update(r.container_id for r in results if r.state is TaskState.FAILED)
+            self._stopped.update((r.container_id, now) for r in results if r.state is not TaskState.FAILED)
         return results
+
+    def stopped_lately(self, container_ids: Collection[str], within: float) -> bool:
+        """Whether every one of ``container_ids`` (at least one) was verified stopped by an
+        eviction in the last ``within`` seconds: a view of the node read before that eviction's
+        pod deletions (pod-resources still listing the pod) names dead work, not a violation."""
+        now = self.clock.monotonic()
+        with self._lock:
+            return bool(container_ids) and all(
+                now - self._stopped.get(c, -float("inf")) <= within for c in container_ids
+            )
 
     def _report(self, plan: EvictionPlan, results: Sequence[TaskStopResult]) -> None:
         """Metrics and one log line per stop (after the release)."""
@@ -319,11 +353,12 @@ class Evictor:
                 )
             else:
                 log.info(
-                    "owner %s: spot container %s %s (exit %s)",
+                    "owner %s: spot container %s %s (exit %s%s)",
                     plan.owner,
                     result.container_id,
                     result.state.value,
                     result.exit_status,
+                    f"; {result.detail}" if result.detail else "",
                 )
 
     def _complete_victims(self, plan: EvictionPlan) -> EvictionPlan:
@@ -435,6 +470,9 @@ class Evictor:
         with self._lock:
             for pod in [p for p in self._evicted if p not in live]:
                 del self._evicted[pod]
+            horizon = self.clock.monotonic() - STOPPED_MEMORY
+            for cid in [c for c, at in self._stopped.items() if at < horizon]:
+                del self._stopped[cid]
             for pod in [p for p in self._pending_deletes if p not in pods]:
                 del self._pending_deletes[pod]
 

@@ -40,11 +40,13 @@ any owner whose processes are back on its GPUs (polling covers owners that retur
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -225,6 +227,7 @@ class Agent:
                     socket_name=sockets[resource],
                     preferred=partial(self.solver.allocator.prefer, resource),
                 )
+        self._pinner = ThreadPoolExecutor(1, thread_name_prefix="agent-pin")
         self._refresh_wanted = threading.Event()
         self._runtime_factory = runtime_service
         self.runtime_service: RuntimeHost | None = None
@@ -384,6 +387,7 @@ class Agent:
         if guard_stop := getattr(self.guard, "stop", None):
             guard_stop()
         self.metrics.close()
+        self._pinner.shutdown(wait=True, cancel_futures=True)
         self.solver.close()
 
     # -- recovery and reconcile -----------------------------------------------------------------
@@ -411,8 +415,8 @@ class Agent:
             return None
 
     def _yield_to_returns(self) -> None:
-        """Wait while an owner's return is on its way to the release (``deferDetection``):
-        detection takes the solver's lock, the GIL and a CPU the eviction needs."""
+        """Wait while an owner's return is in flight (``deferDetection``): detection takes the
+        solver's lock, the GIL and a CPU the eviction and the released owner need."""
         if self.config.eviction.defer_detection and self.solver.returns.active:
             self.solver.returns.wait_clear(self.config.eviction_timeout + 1.0)
 
@@ -474,6 +478,19 @@ class Agent:
             else:
                 self._pods[event.pod.ref] = event.pod
             self._pods_lock.notify_all()
+        if event.type is not PodEventType.DELETED:
+            self._pin_spot_containers(event.pod)
+
+    def _pin_spot_containers(self, pod: PodInfo) -> None:
+        """A spot container the watch reports started is pinned at once, on the pinner's thread
+        (an owner may return before the next detection cycle would name it)."""
+        if not self.config.eviction.pin_pidfds:
+            return
+        spot = set(self.solver.resources)
+        ids = [c.container_id for c in pod.containers if c.container_id and spot.intersection(c.requests)]
+        if ids:
+            with contextlib.suppress(RuntimeError):  # stopped: nothing to prepare for
+                self._pinner.submit(self.solver.evictor.prepare, ids)
 
     # -- detection ---------------------------------------------------------------------------------
     def _detect_loop(self) -> None:
@@ -565,6 +582,7 @@ class Agent:
             "victims": [v.pod.format() for v in plan.victims],
             "containers": list(plan.container_ids),
             "at": plan.at,
+            "started_ms": None if outcome.started_at is None else round((outcome.started_at - plan.at) * 1000, 3),
             "tasks_stopped_ms": round(outcome.stop_latency * 1000, 3),
             "released_ms": None if outcome.released_at is None else round((outcome.released_at - plan.at) * 1000, 3),
             "complete_ms": round((outcome.completed_at - plan.at) * 1000, 3),

@@ -44,8 +44,10 @@ exactly once under it, so a guard signal and a detection poll racing for the sam
 one eviction. Evictions run outside the lock, so one owner's eviction never delays another
 owner's guard signal. An owner's return takes the lock only for short sections with no I/O
 (the transition, planning from the fresh read); its release takes none. :attr:`Solver.returns`
-counts the returns between their signal and their release: the agent's detection waits while
-one is in flight (``agent.eviction.deferDetection``). Before a return, every refresh hands the
+counts the owner returns from their guard signal until their eviction is complete (pods
+deleted): the agent's detection waits while one is in flight (``agent.eviction.deferDetection``),
+so it neither competes with the eviction nor with the released owner's first steps, and it
+reads the node only after the evicted pods are gone. Before a return, every refresh hands the
 evictor the spot containers on lent GPUs (:meth:`~spotgpu.agent.evictor.Evictor.prepare`: their
 processes are pinned). Every step is logged with the owner and the devices.
 """
@@ -60,7 +62,7 @@ from dataclasses import dataclass, field
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.agent.allocator import Allocator, Grant
 from spotgpu.agent.detect import WatchedOwner
-from spotgpu.agent.evictor import EvictionOutcome, Evictor, ReturnsInFlight, SweepFn, Ticket
+from spotgpu.agent.evictor import EvictionOutcome, Evictor, ReturnsInFlight, SweepFn
 from spotgpu.agent.guarding import GuardExecutor
 from spotgpu.agent.lookups import SolverLookups, SolverState
 from spotgpu.agent.model import (
@@ -93,8 +95,14 @@ from spotgpu.core.lending import Action, IdleForecast, LendRules, LendState, Own
 from spotgpu.core.mapping_cache import MappingCache, MappingSnapshot, Owner
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import EvictionReason
+from spotgpu.util.priority import normal_priority
 
 log = logging.getLogger(__name__)
+
+STALE_VIEW = 5.0
+"""Seconds after an eviction verified its spot containers stopped during which a refresh that
+still sees them as users (its pod-resources read came before the pods' deletion) does not
+evict them again. A container it does not know stopped (a new one) is evicted at once."""
 
 
 @dataclass
@@ -160,7 +168,7 @@ class Solver(SolverLookups):
             realtime=settings.return_path.realtime,
         )
         self.returns = ReturnsInFlight()
-        """Owner returns between their guard signal and their release (see module docstring)."""
+        """Owner returns from their guard signal until their eviction is complete (see module docstring)."""
         self.evictor.on_runtime = self._set_runtime
         self.action_log: list[Action] | None = None
         """When a list, every action the state machine returned is appended (tests)."""
@@ -281,9 +289,10 @@ class Solver(SolverLookups):
         plans = []
         started = _Effects()  # its evicts are not run: the plans above are (their devices, not the owner's)
         for v in violations:
-            plans.append(
-                plan_eviction(snapshot, v.owner, v.devices, self._pods, self._runtime, reason=v.reason, at=now)
-            )
+            plan = plan_eviction(snapshot, v.owner, v.devices, self._pods, self._runtime, reason=v.reason, at=now)
+            if all(self.evictor.stopped_lately(victim.container_ids, STALE_VIEW) for victim in plan.victims):
+                continue  # a view read before an eviction's pod deletions: its users are dead already
+            plans.append(plan)
             state = self._owners.get(v.owner) if isinstance(v.owner, ContainerRef) else None
             if state is not None:
                 self._feed(state, lending.Violation(v.reason), now, started)
@@ -479,32 +488,36 @@ class Solver(SolverLookups):
             self._after(effects)
             if not effects.evicts:
                 return None  # not lent, or an eviction is already running (it releases the guard when done)
-            return self._owner_eviction(effects.evicts[0], ticket)
+            return self._owner_eviction(effects.evicts[0])
         finally:
             ticket.leave()
 
-    def _owner_eviction(self, evict: lending.Evict, ticket: Ticket | None = None) -> EvictionOutcome:
-        """Plan (from a fresh pod-resources read) and run an eviction the state machine started."""
+    def _owner_eviction(self, evict: lending.Evict) -> EvictionOutcome:
+        """Plan (from a fresh pod-resources read, with the container IDs the pod watch knows
+        now) and run an eviction the state machine started."""
         allocations = self._fresh_allocations()
+        live = {p.ref: p for p in self.live_pods()} if self.live_pods is not None else {}
         with self.lock:
             snapshot = self._build(allocations).snapshot if allocations is not None else self.mapping.snapshot()
             plan = plan_eviction(
                 snapshot,
                 evict.owner,
                 evict.devices,
-                self._pods,
+                {**self._pods, **live},  # a container ID the watch reported since the last refresh
                 self._runtime,
                 reason=evict.reason,
                 at=evict.at,
             )
-        log.info(
-            "owner %s %s on devices %s: evicting %d spot pod(s)",
-            evict.owner,
-            f"is back ({evict.source.value})" if evict.source is not None else f"({evict.reason.value})",
-            list(plan.devices),
-            len(plan.victims),
-        )
-        return self._run_eviction(plan, ticket)
+        outcome = self._run_eviction(plan)
+        with normal_priority():
+            log.info(
+                "owner %s %s on devices %s: evicted %d spot pod(s)",
+                evict.owner,
+                f"is back ({evict.source.value})" if evict.source is not None else f"({evict.reason.value})",
+                list(outcome.plan.devices),
+                len(outcome.plan.victims),
+            )
+        return outcome
 
     def _fresh_allocations(self) -> Sequence[AllocatedDevices] | None:
         """A pod-resources read made now, or None (no reader, or it failed).
@@ -533,33 +546,31 @@ class Solver(SolverLookups):
             shadow_namespace=self.settings.shadow_namespace,
         )
 
-    def _run_eviction(self, plan: EvictionPlan, ticket: Ticket | None = None) -> EvictionOutcome:
+    def _run_eviction(self, plan: EvictionPlan) -> EvictionOutcome:
         try:
             outcome = self.evictor.evict(
                 plan,
                 self.settings.eviction,
-                lambda: self._release(plan.owner, ticket),
+                lambda: self._release(plan.owner),
                 lambda: self._eviction_done(plan.owner),
             )
         finally:
-            with self.lock:
+            with normal_priority(), self.lock:  # after the release (or a failure): nobody waits on this
                 self._evicting.discard(plan.owner)  # from here on, leftover users are violations again
                 self.publish_locked()
-        self.persist()
-        self.annotate()
-        if self.on_eviction is not None:
-            self.on_eviction(outcome)
+        with normal_priority():
+            self.persist()
+            self.annotate()
+            if self.on_eviction is not None:
+                self.on_eviction(outcome)
         return outcome
 
-    def _release(self, owner: Owner, ticket: Ticket | None) -> float:
+    def _release(self, owner: Owner) -> float:
         """The guard lets the owner's held call go (no lock of ours: nothing the owner waits on
         waits behind a detection cycle); :meth:`_eviction_done` follows at once."""
         if isinstance(owner, ContainerRef):
             self.guards.disarm(owner)
-        released_at = self.clock.monotonic()
-        if ticket is not None:
-            ticket.leave()
-        return released_at
+        return self.clock.monotonic()
 
     def _eviction_done(self, owner: Owner) -> None:
         """The owner is active again (its twins stay Unhealthy; its guard was disarmed by

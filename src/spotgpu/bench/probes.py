@@ -215,8 +215,8 @@ class ProbedTasks(ContainerdTasks):
             future.add_done_callback(lambda _f: marks.wait_done.append(time.monotonic_ns()))
         return future
 
-    def _kill_now(self, container_ids: list[str]) -> dict[str, Pinned]:
-        signalled = {} if self.strategy == "kill-rpc" else super()._kill_now(container_ids)
+    def _kill_now(self, container_ids: list[str], pinned: set[str]) -> dict[str, Pinned]:
+        signalled = {} if self.strategy == "kill-rpc" else super()._kill_now(container_ids, pinned)
         if self.probe.on_guard_thread():
             self.probe.marks.killed = time.monotonic_ns()
         return signalled

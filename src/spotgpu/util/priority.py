@@ -12,14 +12,17 @@ they block almost all of the time, so they take CPU only for the work they do (t
 real-time throttling, 95 % of each second by default, bounds a runaway). Without the
 privilege (``CAP_SYS_NICE``) the kernel refuses; the fallback is nice -10 (a larger CFS share,
 same privilege for lowering the value), and without that the thread runs at normal priority.
-Every refusal is logged once per thread name.
+Every refusal is logged once per thread name. :func:`normal_priority` lowers a raised thread
+for a block (the work after an owner's release).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -88,6 +91,32 @@ def raise_thread(*, name: str | None = None) -> Priority:
     return result
 
 
+@contextlib.contextmanager
+def normal_priority() -> Iterator[None]:
+    """Run the block at normal priority (``SCHED_OTHER``, nice 0) when the calling thread is
+    raised, and raise it back afterwards: work that no longer holds anyone up (after an owner's
+    release) must not compete with the threads it woke. Never raises."""
+    tid = threading.get_native_id()
+    try:
+        policy, param = os.sched_getscheduler(tid), os.sched_getparam(tid)
+        nice = os.getpriority(os.PRIO_PROCESS, tid)
+    except OSError:
+        yield
+        return
+    raised = policy in (os.SCHED_RR, os.SCHED_FIFO) or nice < 0
+    if raised:
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+            os.setpriority(os.PRIO_PROCESS, tid, 0)
+    try:
+        yield
+    finally:
+        if raised:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+                os.sched_setscheduler(tid, policy, param)
+
+
 def thread_policy(tid: int) -> str:
     """The scheduling policy of thread ``tid`` in :attr:`Priority.policy`'s words (for tests
     and diagnostics)."""
@@ -99,4 +128,4 @@ def thread_policy(tid: int) -> str:
     return f"nice {nice}" if nice else "normal"
 
 
-__all__ = ["NICE", "RR_PRIORITY", "Priority", "raise_thread", "thread_policy"]
+__all__ = ["NICE", "RR_PRIORITY", "Priority", "normal_priority", "raise_thread", "thread_policy"]
