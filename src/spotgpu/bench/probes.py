@@ -1,8 +1,8 @@
 """The probes behind ``spotgpu bench returnpath`` (:mod:`spotgpu.bench.returnpath`).
 
-Holds the sources of two static C helpers (built by the benchmark with
-:mod:`spotgpu.testing.cbuild`): an exit watcher at ``SCHED_FIFO`` that timestamps each victim's
-exit through pidfds, and a kill-and-wait helper for the ``helper-pinned`` variant. Side effects:
+Holds the source of a static C kill-and-wait helper for the ``helper-pinned`` variant (built by
+the benchmark with :mod:`spotgpu.testing.cbuild`); the victims' exits are timestamped by
+:class:`spotgpu.testing.exitwatch.ExitWatcher`. Side effects:
 starts them, signals the victims (the direct strategies), reads ``/proc/*/cmdline`` and
 ``/proc/<pid>/task/*/schedstat``.
 
@@ -56,33 +56,6 @@ static long long now_ns(void) {
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 """
-
-WATCHER_C = (
-    _C_COMMON
-    + r"""
-/* watcher TIMEOUT_MS PID...: SCHED_FIFO 50; pidfd per PID; "ready"; then "<pid> <ns>" per exit. */
-int main(int argc, char **argv) {
-    struct sched_param sp = {.sched_priority = 50};
-    int n = argc - 2, left = 0, timeout = atoi(argv[1]);
-    struct pollfd *p = calloc(n > 0 ? n : 1, sizeof *p);
-    if (sched_setscheduler(0, SCHED_FIFO, &sp) != 0) fprintf(stderr, "no SCHED_FIFO\n");
-    for (int i = 0; i < n; i++) {
-        p[i].fd = (int)syscall(SYS_pidfd_open, atoi(argv[i + 2]), 0);
-        p[i].events = POLLIN;
-        if (p[i].fd >= 0) left++; else printf("%s gone\n", argv[i + 2]);
-    }
-    printf("ready\n");
-    fflush(stdout);
-    while (left > 0 && poll(p, n, timeout) > 0) {
-        long long t = now_ns();
-        for (int i = 0; i < n; i++)
-            if (p[i].fd >= 0 && p[i].revents) { printf("%s %lld\n", argv[i + 2], t); p[i].fd = -1; left--; }
-    }
-    fflush(stdout);
-    return 0;
-}
-"""
-)
 
 KILLER_C = (
     _C_COMMON
@@ -334,32 +307,15 @@ def rq_wait_delta(before: dict[int, int], after: dict[int, int]) -> int:
     return sum(v - before.get(t, 0) for t, v in after.items())
 
 
-def watch(binary: Path, pids: Sequence[int]) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([str(binary), "20000", *map(str, pids)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    if proc.stdout.readline().strip() != "ready":
-        proc.kill()
-        raise RuntimeError("the exit watcher did not start")
-    return proc
-
-
-def deaths(proc: subprocess.Popen[str]) -> list[int]:
-    out, _ = proc.communicate(timeout=30)
-    return [int(line.split()[1]) for line in out.splitlines() if len(line.split()) == 2 and line.split()[1].isdigit()]
-
-
 __all__ = [
     "KILLER_C",
     "SHIPPED",
-    "WATCHER_C",
     "Helper",
     "Marks",
     "Probe",
     "ProbedTasks",
     "TimedGuard",
-    "deaths",
     "rq_wait",
     "rq_wait_delta",
     "runtime_pids",
-    "watch",
 ]

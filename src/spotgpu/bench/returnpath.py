@@ -79,21 +79,19 @@ from spotgpu.bench import env
 from spotgpu.bench.probes import (
     KILLER_C,
     SHIPPED,
-    WATCHER_C,
     Helper,
     Marks,
     Probe,
     ProbedTasks,
     TimedGuard,
-    deaths,
     rq_wait,
     rq_wait_delta,
     runtime_pids,
-    watch,
 )
 from spotgpu.core.config import EvictionConfig
 from spotgpu.testing.cbuild import compile_static
 from spotgpu.testing.containerd import Containerd
+from spotgpu.testing.exitwatch import ExitWatcher
 
 STRATEGIES = (*SHIPPED, "pidfd-get", "pidfd-pinned", "helper-pinned")
 MODIFIERS = ("rr", "nice", "detect", "defer", "boost", "switch")
@@ -192,7 +190,7 @@ class Context:
     node: bench_agent.Node
     tasks: ProbedTasks
     probe: Probe
-    watcher: Path
+    watcher: ExitWatcher
     settle: float
 
 
@@ -213,7 +211,7 @@ def one_return(ctx: Context, tag: str, count: int, load: int, variant: Variant) 
             pinned, _ = pidkill.pin(pids)
             ctx.tasks.pinned = {c: (p, pinned[p]) for c, p in zip(cids, pids, strict=True) if p in pinned}
             signaller = GuardThread(guard, ctx.probe, variant)
-            watcher = watch(ctx.watcher, pids)
+            ctx.watcher.watch(pids)
             runtime = runtime_pids(ctx.containerd)
             with env.background_load(load), detect_loop(agent, variant.detect), switch_interval(variant.switch):
                 time.sleep(ctx.settle if load else 0.0)
@@ -222,7 +220,7 @@ def one_return(ctx: Context, tag: str, count: int, load: int, variant: Variant) 
                 signaller.fire()
                 after = (rq_wait([os.getpid()]), rq_wait(runtime))
             elapsed = time.monotonic() - start
-            ctx.probe.marks.deaths = deaths(watcher)
+            ctx.probe.marks.deaths = [t for t in ctx.watcher.exits(pids, 30).values() if t is not None]
             pidkill.close_all(pinned)
         finally:
             if signaller is not None:
@@ -310,7 +308,7 @@ def summarize(records: Sequence[dict[str, Any]], baseline: Sequence[dict[str, An
 
 
 def measure(args: argparse.Namespace, base: Path) -> dict[tuple[int, int, str], list[dict[str, Any]]]:
-    watcher = compile_static(WATCHER_C, base / "bin", "exitwatch")
+    watcher = ExitWatcher(base / "bin")
     killer = compile_static(KILLER_C, base / "bin", "pidkiller")
     variants: list[Variant] = args.variants
     cells = list(itertools.product(args.containers, args.background_load))
@@ -335,6 +333,7 @@ def measure(args: argparse.Namespace, base: Path) -> dict[tuple[int, int, str], 
                 tasks.close()
     finally:
         probe.close()
+        watcher.close()
         if helper is not None:
             helper.close()
     return records

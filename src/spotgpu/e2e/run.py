@@ -75,6 +75,10 @@ class CycleRecord:
     """The owner's call returned this long after the last spot process exited (kernel times)."""
     exits_ms: tuple[float, float] | None = None
     """The first and the last spot process exit, ms after the owner's call started."""
+    guard_signal_ms: float | None = None
+    """The owner's call started -> the agent's owner-back signal (seccomp notification, guard)."""
+    guard_release_ms: float | None = None
+    """The agent released the owner (guard disarmed) -> the owner's call returned."""
     containerd_lag_ms: list[float] = field(default_factory=list)
     """Per spot container: containerd's recorded exit minus the owner's release (informative)."""
 
@@ -326,6 +330,9 @@ class Run:
             record.eviction_ms = float(eviction["tasks_stopped_ms"])
             record.released_ms = float(eviction["released_ms"])
             record.eviction_complete_ms = float(eviction["complete_ms"])
+            signal_ns = float(eviction["at"]) * 1e9  # the agent's monotonic clock: the owner's too
+            record.guard_signal_ms = (signal_ns - int(release.reply["start_ns"])) / 1e6
+            record.guard_release_ms = (release.end_ns - signal_ns) / 1e6 - record.released_ms
             missing = {s.ref.format() for s in spots} - set(eviction.get("victims", []))
             if missing:
                 problems.append(f"eviction missed spot pod(s) {sorted(missing)}")
@@ -354,6 +361,8 @@ def summarize(records: list[CycleRecord], settings: NodeSettings) -> dict[str, A
         return round(percentile(values, q), digits) if values else None
 
     margins = [r.exit_to_release_ms for r in records if r.exit_to_release_ms is not None]
+    signals = [r.guard_signal_ms for r in records if r.guard_signal_ms is not None]
+    guard_releases = [r.guard_release_ms for r in records if r.guard_release_ms is not None]
     firsts = [r.exits_ms[0] for r in records if r.exits_ms is not None]
     lasts = [r.exits_ms[1] for r in records if r.exits_ms is not None]
     lags = [lag for r in records for lag in r.containerd_lag_ms]
@@ -376,6 +385,10 @@ def summarize(records: list[CycleRecord], settings: NodeSettings) -> dict[str, A
         "lend_detect_s_max": round(max(lends), 3) if lends else None,
         "spot_start_ms_p50": p(starts, 50),
         "spot_start_ms_p99": p(starts, 99),
+        "guard_signal_ms_p50": p(signals, 50, 3),
+        "guard_signal_ms_p99": p(signals, 99, 3),
+        "guard_release_ms_p50": p(guard_releases, 50, 3),
+        "guard_release_ms_p99": p(guard_releases, 99, 3),
         "first_spot_exit_ms_p50": p(firsts, 50),
         "last_spot_exit_ms_p50": p(lasts, 50),
         "last_spot_exit_ms_p99": p(lasts, 99),
