@@ -202,19 +202,20 @@ def test_a_restarted_container_is_pinned_again_and_a_stale_pin_is_never_signalle
     assert node.tasks.pins.pinned() == {}
 
 
+def run_sharing_pods_pid_namespace(node: Node, pod_name: str, cid: str, script: str) -> None:
+    """Pod ``pod_name``'s pause container (``<pod>-pause``), then container ``cid`` in its PID
+    namespace (``shareProcessNamespace``)."""
+    node.run(f"{pod_name}-pause", "exec sleep 999", PodRef("spot", pod_name), container="POD")
+    pause = node.tasks.init_pid(f"{pod_name}-pause")
+    assert pause is not None
+    node.run(cid, script, PodRef("spot", pod_name), extra=["--with-ns", f"pid:/proc/{pause}/ns/pid"])
+
+
 def test_a_container_sharing_its_pods_pid_namespace_is_verified_by_wait_and_killed_whole(node: Node) -> None:
     """``shareProcessNamespace``, not pinned: the container's init is not PID 1 of its namespace
     (the pod's pause is), so its exit would leave its children running: the stop is not taken
     from the init's pidfd, and containerd's Kill(all) ends the child too."""
-    node.run("pause", "exec sleep 999", PodRef("spot", "shared"), container="POD")
-    pause = node.tasks.init_pid("pause")
-    assert pause is not None
-    node.run(
-        "worker",
-        "sleep 1000 & exec sleep 1001",
-        PodRef("spot", "shared"),
-        extra=["--with-ns", f"pid:/proc/{pause}/ns/pid"],
-    )
+    run_sharing_pods_pid_namespace(node, "shared", "worker", "sleep 1000 & exec sleep 1001")
     child = wait_for_process("sleep 1000")
     [result] = node.tasks.stop_tasks(["worker"], grace=0, timeout=10)
     assert (result.state, result.exit_status, result.detail) == (TaskState.STOPPED, 137, "")
@@ -223,22 +224,14 @@ def test_a_container_sharing_its_pods_pid_namespace_is_verified_by_wait_and_kill
         assert select.select([fd], [], [], 10)[0], "the init's child outlived the stop"
     finally:
         os.close(fd)
-    assert node.status("pause") == "RUNNING"
+    assert node.status("shared-pause") == "RUNNING"
 
 
 def test_a_pinned_container_sharing_a_pid_namespace_is_killed_whole_through_its_cgroup(node: Node) -> None:
     """Pinned, a container sharing its pod's PID namespace has its cgroup's processes pinned
     too; at the kill its cgroup is read again, so a process started after the pin dies as
     well, and the stop is verified by every pidfd, with containerd down meanwhile."""
-    node.run("pause2", "exec sleep 998", PodRef("spot", "shared2"), container="POD")
-    pause = node.tasks.init_pid("pause2")
-    assert pause is not None
-    node.run(
-        "worker2",
-        "sleep 0.3; sleep 1002 & exec sleep 1003",
-        PodRef("spot", "shared2"),
-        extra=["--with-ns", f"pid:/proc/{pause}/ns/pid"],
-    )
+    run_sharing_pods_pid_namespace(node, "shared2", "worker2", "sleep 0.3; sleep 1002 & exec sleep 1003")
     wait_pid(node, "worker2")
     node.tasks.pin(["worker2"])
     assert node.tasks.pins is not None
@@ -255,7 +248,7 @@ def test_a_pinned_container_sharing_a_pid_namespace_is_killed_whole_through_its_
         node.containerd.start()
     assert (result.state, result.detail) == (TaskState.STOPPED, "every process exited (pinned)")
     assert not Path(f"/proc/{late}/fd").exists() or not os.listdir(f"/proc/{late}/fd")
-    assert node.status("pause2") == "RUNNING"
+    assert node.status("shared2-pause") == "RUNNING"
 
 
 def make_agent(tmp_path: Path, node: Node, kube: FakeKube, podres: FakePodResources, guard: FakeGuard) -> Agent:

@@ -160,9 +160,8 @@ class ContainerdTasks:
         return pids
 
     def pin(self, container_ids: Collection[str]) -> None:
-        """Keep pidfds of these containers' processes, forget the others' (see the module
-        docstring); also tells containerd what earlier stops deferred. Never raises."""
-        self.after_release()
+        """Keep pidfds of these containers' processes (see the module docstring and
+        :meth:`PinTable.refresh`). Never raises."""
         if self.pins is None:
             return
         try:

@@ -63,6 +63,7 @@ from spotgpu.agent.node_ports import (
     GpuDevice,
     LendStore,
     PidAttributor,
+    PinningTaskPort,
     PodResourcesPort,
     RuntimeContainer,
     TaskPort,
@@ -403,6 +404,8 @@ class Agent:
             if ids:
                 log.info("recovery: stopping tasks of %d pod(s) being deleted: %s", len(deleting), ids)
                 self.tasks.stop_tasks(ids, grace=self.config.sigterm_grace, timeout=10.0)
+                if isinstance(self.tasks, PinningTaskPort):
+                    self.tasks.after_release()  # nobody waits: containerd may hear of the stops now
         self.detect_once(reconcile=False)
         return outcomes
 

@@ -73,7 +73,6 @@ from typing import Any
 
 from spotgpu.adapters import pidkill
 from spotgpu.agent.fakes import FakeGuard
-from spotgpu.agent.service import Agent
 from spotgpu.bench import agent as bench_agent
 from spotgpu.bench import env
 from spotgpu.bench.probes import (
@@ -152,27 +151,6 @@ class GuardThread(bench_agent.GuardThread):
 
 
 @contextlib.contextmanager
-def detect_loop(agent: Agent, on: bool) -> Iterator[None]:
-    """Detection cycles back to back on their own thread while the block runs."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            agent.detect_once(reconcile=True)
-
-    thread = threading.Thread(target=loop, name="bench-detect", daemon=True)
-    if on:
-        thread.start()
-        time.sleep(0.05)
-    try:
-        yield
-    finally:
-        stop.set()
-        if on:
-            thread.join(30)
-
-
-@contextlib.contextmanager
 def switch_interval(short: bool) -> Iterator[None]:
     """Python's GIL switch interval at 0.5 ms while the block runs (when ``short``)."""
     default = sys.getswitchinterval()
@@ -213,7 +191,8 @@ def one_return(ctx: Context, tag: str, count: int, load: int, variant: Variant) 
             signaller = GuardThread(guard, ctx.probe, variant)
             ctx.watcher.watch(pids)
             runtime = runtime_pids(ctx.containerd)
-            with env.background_load(load), detect_loop(agent, variant.detect), switch_interval(variant.switch):
+            detecting = bench_agent.detection_meanwhile(agent, variant.detect)
+            with env.background_load(load), detecting, switch_interval(variant.switch):
                 time.sleep(ctx.settle if load else 0.0)
                 before = (rq_wait([os.getpid()]), rq_wait(runtime))
                 start = time.monotonic()
