@@ -13,7 +13,7 @@ from spotgpu.agent.ports import ContainerInfo, PodEvent, PodEventType, PodInfo
 from spotgpu.agent.service import Agent, RuntimeServiceFactory
 from spotgpu.core import keys
 from spotgpu.core.clock import ManualClock
-from spotgpu.core.config import AgentConfig, LendingConfig, LendPolicyKind, Seconds
+from spotgpu.core.config import AgentConfig, EvictionConfig, LendingConfig, LendPolicyKind, Seconds
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, DeviceID, NodeName, to_spot_id
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.ports.node import AllocatedDevices, GpuDevice, LendStore
@@ -147,12 +147,14 @@ def make_rig(
     runtime_service: RuntimeServiceFactory | None = None,
     owner_record: Path | None = None,
     lending: LendingConfig | None = None,
+    eviction: EvictionConfig | None = None,
+    tasks: FakeTasks | None = None,
 ) -> Rig:
     devices = fake_devices(gpus)
     clock = ManualClock(start=1000.0)
     kube = FakeKube([pod(OWNER.pod_ref, (("main", "owner-cid"),))])
     guard = guard or FakeGuard()
-    tasks = FakeTasks()
+    tasks = tasks or FakeTasks()
     tasks.add("owner-cid", cri_labels(OWNER.pod_ref, "main"), pid=4242)
     allocations = [gpu_alloc(OWNER, [devices[0].id, devices[1].id])]
     podres = FakePodResources(allocations)
@@ -168,6 +170,7 @@ def make_rig(
         twin_replicas=replicas,
         shared_replicas=shared,
         lending=lending or LendingConfig(LendPolicyKind.TIMER),  # the rig lends at the first judgement
+        eviction=eviction or EvictionConfig(),
     )
     agent = Agent(
         config,

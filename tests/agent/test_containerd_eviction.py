@@ -115,68 +115,140 @@ def eventually_stopped(node: Node, cid: str, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-def test_stop_tasks_sigkill_and_wait(node: Node) -> None:
-    for i in range(3):
-        node.run(f"victim-{i}", "exec sleep 1000", PodRef("spot", f"v{i}"))
-    results = node.tasks.stop_tasks(["victim-0", "victim-1", "victim-2", "no-such"], grace=0, timeout=10)
-    by_id = {r.container_id: r for r in results}
-    for i in range(3):
-        assert by_id[f"victim-{i}"].state is TaskState.STOPPED
-        assert by_id[f"victim-{i}"].exit_status == 137  # 128 + SIGKILL
-        assert node.status(f"victim-{i}") == "STOPPED"
-    assert by_id["no-such"].state is TaskState.GONE
-    again = node.tasks.stop_tasks(["victim-0"], grace=0, timeout=5)  # idempotent
-    assert again[0].state is TaskState.STOPPED
-
-
 @pytest.fixture
-def pidfd_tasks(node: Node) -> Iterator[ContainerdTasks]:
-    tasks = ContainerdTasks(node.containerd.address, NS, verify_by_pidfd=True)
+def wait_tasks(node: Node) -> Iterator[ContainerdTasks]:
+    """The return path before issue 15: stops verified by containerd's Wait, nothing pinned."""
+    tasks = ContainerdTasks(node.containerd.address, NS, verify_by_pidfd=False, pin_pidfds=False)
     try:
         yield tasks
     finally:
         tasks.close()
 
 
-def test_stop_tasks_verified_by_the_inits_pidfd(node: Node, pidfd_tasks: ContainerdTasks) -> None:
-    """``verify_by_pidfd``: each init is PID 1 of its namespace, so its pidfd turning readable
-    proves the container gone (its GPU closed) before containerd has heard of it."""
+def test_stop_tasks_sigkill_and_wait(node: Node, wait_tasks: ContainerdTasks) -> None:
+    for i in range(3):
+        node.run(f"victim-{i}", "exec sleep 1000", PodRef("spot", f"v{i}"))
+    results = wait_tasks.stop_tasks(["victim-0", "victim-1", "victim-2", "no-such"], grace=0, timeout=10)
+    by_id = {r.container_id: r for r in results}
+    for i in range(3):
+        assert by_id[f"victim-{i}"].state is TaskState.STOPPED
+        assert by_id[f"victim-{i}"].exit_status == 137  # 128 + SIGKILL
+        assert node.status(f"victim-{i}") == "STOPPED"
+    assert by_id["no-such"].state is TaskState.GONE
+    again = wait_tasks.stop_tasks(["victim-0"], grace=0, timeout=5)  # idempotent
+    assert again[0].state is TaskState.STOPPED
+
+
+def test_stop_tasks_verified_by_the_inits_pidfd(node: Node) -> None:
+    """The default (``verify_by_pidfd``): each init is PID 1 of its namespace, so its pidfd
+    turning readable proves the container gone (its GPU closed) before containerd has heard of
+    it; containerd's bookkeeping follows after_release()."""
     for i in range(3):
         node.run(f"victim-{i}", hold(node.gpus[0]), PodRef("spot", f"v{i}"))
-    results = pidfd_tasks.stop_tasks(["victim-0", "victim-1", "victim-2", "no-such"], grace=0, timeout=10)
+    results = node.tasks.stop_tasks(["victim-0", "victim-1", "victim-2", "no-such"], grace=0, timeout=10)
     by_id = {r.container_id: r for r in results}
     assert not DeviceNodeBackend([DeviceNode(DeviceID("GPU-0"), str(node.gpus[0]), 0, 0)]).processes()["GPU-0"]
+    node.tasks.after_release()
     for i in range(3):
-        assert by_id[f"victim-{i}"] == TaskStopResult(f"victim-{i}", TaskState.STOPPED, None, "init exited", 9)
+        expected = TaskStopResult(f"victim-{i}", TaskState.STOPPED, None, "init exited (pid from containerd)", 9)
+        assert by_id[f"victim-{i}"] == expected
         eventually_stopped(node, f"victim-{i}")
     assert by_id["no-such"].state is TaskState.GONE
-    assert pidfd_tasks.stop_tasks(["victim-0"], grace=0, timeout=5)[0].state is TaskState.STOPPED  # idempotent
+    assert node.tasks.stop_tasks(["victim-0"], grace=0, timeout=5)[0].state is TaskState.STOPPED  # idempotent
 
 
-def test_a_container_sharing_its_pods_pid_namespace_is_verified_by_wait_and_killed_whole(
-    node: Node, pidfd_tasks: ContainerdTasks
-) -> None:
-    """``shareProcessNamespace``: the container's init is not PID 1 of its namespace (the pod's
-    pause is), so its exit would leave its children running: the stop is not taken from the
-    init's pidfd, and containerd's Kill(all) ends the child too."""
-    node.run("pause", "exec sleep 999", PodRef("spot", "shared"), container="POD")
-    pause = node.tasks.init_pid("pause")
+def test_pinned_containers_are_killed_and_verified_with_containerd_down(node: Node) -> None:
+    """Pinned before the return, the spot containers need no containerd call at all: with its
+    daemon dead (shims and containers keep running) the stop still kills every one through its
+    pinned pidfd and verifies it by the pidfd (not the /proc fallback, which says so)."""
+    for i in range(2):
+        node.run(f"pinned-{i}", hold(node.gpus[i]), PodRef("spot", f"p{i}"))
+    pids = [wait_pid(node, f"pinned-{i}") for i in range(2)]
+    node.tasks.pin(["pinned-0", "pinned-1"])
+    assert node.tasks.pins is not None and node.tasks.pins.pinned() == {"pinned-0": pids[0], "pinned-1": pids[1]}
+    node.containerd.pause()
+    try:
+        results = node.tasks.stop_tasks(["pinned-0", "pinned-1"], grace=0, timeout=10)
+    finally:
+        node.containerd.start()
+    assert [(r.state, r.detail) for r in results] == [(TaskState.STOPPED, "init exited (pinned)")] * 2
+    backend = DeviceNodeBackend([DeviceNode(DeviceID(f"GPU-{i}"), str(g), i, 0) for i, g in enumerate(node.gpus)])
+    assert not any(backend.processes().values())
+    node.tasks.after_release()
+    for i in range(2):
+        eventually_stopped(node, f"pinned-{i}")
+
+
+def test_a_restarted_container_is_pinned_again_and_a_stale_pin_is_never_signalled(node: Node) -> None:
+    """The pinned init exits (the container finished, or restarts with a new init): the stale
+    pin is not used (the pidfd can name no other process anyway), the next pin() takes the new
+    init, and a stop of the container goes through containerd when no live pin is left."""
+    ref = PodRef("spot", "again")
+    node.run("again", "exec sleep 1000", ref)
+    first = wait_pid(node, "again")
+    node.tasks.pin(["again"])
+    assert node.tasks.pins is not None and node.tasks.pins.pinned() == {"again": first}
+    node.containerd.ctr("tasks", "kill", "-s", "SIGKILL", "again", namespace=NS)
+    eventually_stopped(node, "again")
+    assert node.tasks.pins.take(["again"]) == {}  # stale: its init exited
+    node.containerd.ctr("tasks", "delete", "again", namespace=NS)
+    node.containerd.ctr("tasks", "start", "-d", "again", namespace=NS)
+    second = wait_pid(node, "again")
+    node.tasks.pin(["again"])
+    assert node.tasks.pins.pinned() == {"again": second} and second != first
+    [result] = node.tasks.stop_tasks(["again"], grace=0, timeout=10)
+    assert (result.state, result.detail) == (TaskState.STOPPED, "init exited (pinned)")
+    node.tasks.pin([])
+    assert node.tasks.pins.pinned() == {}
+
+
+def run_sharing_pods_pid_namespace(node: Node, pod_name: str, cid: str, script: str) -> None:
+    """Pod ``pod_name``'s pause container (``<pod>-pause``), then container ``cid`` in its PID
+    namespace (``shareProcessNamespace``)."""
+    node.run(f"{pod_name}-pause", "exec sleep 999", PodRef("spot", pod_name), container="POD")
+    pause = node.tasks.init_pid(f"{pod_name}-pause")
     assert pause is not None
-    node.run(
-        "worker",
-        "sleep 1000 & exec sleep 1001",
-        PodRef("spot", "shared"),
-        extra=["--with-ns", f"pid:/proc/{pause}/ns/pid"],
-    )
+    node.run(cid, script, PodRef("spot", pod_name), extra=["--with-ns", f"pid:/proc/{pause}/ns/pid"])
+
+
+def test_a_container_sharing_its_pods_pid_namespace_is_verified_by_wait_and_killed_whole(node: Node) -> None:
+    """``shareProcessNamespace``, not pinned: the container's init is not PID 1 of its namespace
+    (the pod's pause is), so its exit would leave its children running: the stop is not taken
+    from the init's pidfd, and containerd's Kill(all) ends the child too."""
+    run_sharing_pods_pid_namespace(node, "shared", "worker", "sleep 1000 & exec sleep 1001")
     child = wait_for_process("sleep 1000")
-    [result] = pidfd_tasks.stop_tasks(["worker"], grace=0, timeout=10)
+    [result] = node.tasks.stop_tasks(["worker"], grace=0, timeout=10)
     assert (result.state, result.exit_status, result.detail) == (TaskState.STOPPED, 137, "")
     fd = os.pidfd_open(child)
     try:
         assert select.select([fd], [], [], 10)[0], "the init's child outlived the stop"
     finally:
         os.close(fd)
-    assert node.status("pause") == "RUNNING"
+    assert node.status("shared-pause") == "RUNNING"
+
+
+def test_a_pinned_container_sharing_a_pid_namespace_is_killed_whole_through_its_cgroup(node: Node) -> None:
+    """Pinned, a container sharing its pod's PID namespace has its cgroup's processes pinned
+    too; at the kill its cgroup is read again, so a process started after the pin dies as
+    well, and the stop is verified by every pidfd, with containerd down meanwhile."""
+    run_sharing_pods_pid_namespace(node, "shared2", "worker2", "sleep 0.3; sleep 1002 & exec sleep 1003")
+    wait_pid(node, "worker2")
+    node.tasks.pin(["worker2"])
+    assert node.tasks.pins is not None
+    [pin] = node.tasks.pins.take(["worker2"]).values()
+    try:
+        assert not pin.namespace_init and pin.procs is not None, "the container's cgroup.procs was not found"
+    finally:
+        pin.close()
+    late = wait_for_process("sleep 1002")  # started after the pin
+    node.containerd.pause()
+    try:
+        [result] = node.tasks.stop_tasks(["worker2"], grace=0, timeout=10)
+    finally:
+        node.containerd.start()
+    assert (result.state, result.detail) == (TaskState.STOPPED, "every process exited (pinned)")
+    assert not Path(f"/proc/{late}/fd").exists() or not os.listdir(f"/proc/{late}/fd")
+    assert node.status("shared2-pause") == "RUNNING"
 
 
 def make_agent(tmp_path: Path, node: Node, kube: FakeKube, podres: FakePodResources, guard: FakeGuard) -> Agent:

@@ -98,6 +98,7 @@ class Node:
         fail_open: float = 5.0,
         holder_timeout: float = 1.0,
         wait_attached: bool = True,
+        realtime: bool = False,
     ) -> GuardService:
         config = GuardConfig(
             listener_path=self.listener,
@@ -106,7 +107,11 @@ class Node:
             holder_timeout=Seconds(holder_timeout),
         )
         guard = GuardService(
-            config, on_owner_back or (lambda _o: None), registry=CollectorRegistry(), support=probe("runc")
+            config,
+            on_owner_back or (lambda _o: None),
+            registry=CollectorRegistry(),
+            support=probe("runc"),
+            realtime=realtime,
         )
         self._guards.append(guard)
         guard.start()

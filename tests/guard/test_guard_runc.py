@@ -7,11 +7,14 @@ notify fd without a listener, which the guard must never allow."""
 from __future__ import annotations
 
 import errno
+import threading
 import time
 
 import pytest
 
+from spotgpu.core.refs import ContainerRef
 from spotgpu.testing import standin
+from spotgpu.util.priority import thread_policy
 
 from .conftest import OWNER, Node, OwnerBacks
 
@@ -43,6 +46,26 @@ def test_armed_owner_call_is_held_until_eviction_completes(node: Node) -> None:
     assert result["errno"] == errno.ENOTTY
     assert result["end_ns"] >= released_at
     assert result["end_ns"] - result["start_ns"] >= 300e6
+
+
+def test_a_realtime_guard_receives_the_call_and_runs_the_handler_at_sched_rr(node: Node) -> None:
+    """``agent.eviction.realtime``: the loop thread that receives the held call raises itself
+    to SCHED_RR 10, and the thread it starts for the agent's handler inherits that."""
+    policies: list[str] = []
+    backs = OwnerBacks()
+
+    def handler(owner: ContainerRef) -> None:
+        policies.append(thread_policy(threading.get_native_id()))
+        backs(owner)
+
+    guard, owner = node.guarded_owner("realtime", handler, realtime=True)
+    assert guard.priority is not None and guard.priority.policy == "SCHED_RR 10"
+    guard.arm(OWNER)
+    owner.send(f"call {standin.CTL} {SESSION:#x}")
+    assert backs.wait(1, 5), "owner-back was not signalled"
+    guard.disarm(OWNER)
+    assert owner.read(5)["errno"] == errno.ENOTTY
+    assert policies == ["SCHED_RR 10"]
 
 
 def test_fail_open_releases_a_call_after_the_timeout_with_a_metric(node: Node) -> None:

@@ -9,13 +9,25 @@ process of the container; ``Wait`` returns when the task's init process has exit
 it already has); a missing task or container is ``NOT_FOUND``. The container ID equals the CRI
 container ID the Kubernetes API reports (without ``containerd://``).
 
-Stopping is concurrent across tasks (futures on one channel), so the time to stop N tasks is
-about the time to stop the slowest one. ``verify_by_pidfd`` (off by default): a task whose
-init is its PID namespace's init (every container without ``shareProcessNamespace``) is
-verified by that init's pidfd turning readable instead of containerd's Wait: the kernel makes
-a namespace's init a zombie only after every other process of the namespace has exited, and an
-exited process has closed its files (the GPU's among them). containerd hears of it from its
-shim a moment later; its ``Kill(all)`` follows off the owner's path.
+Stopping is concurrent across tasks (every victim is signalled before any stop is verified),
+so the time to stop N tasks is about the time to stop the slowest one. Two switches
+(``agent.eviction``), both on by default:
+
+* ``pin_pidfds``: :meth:`ContainerdTasks.pin` (the agent calls it on every refresh with the
+  spot containers on lent GPUs) keeps a pidfd of each one's init, and of every process of a
+  container that shares a PID namespace (:mod:`spotgpu.adapters.pidpins`); a return signals
+  them at once, with no containerd call first. A container not pinned (started since the last
+  refresh, or restarted: its pinned init has exited) has its init PID asked from containerd
+  (``Tasks.Get``) in parallel with those signals.
+* ``verify_by_pidfd``: a task whose init is its PID namespace's init (every container without
+  ``shareProcessNamespace``) is verified by that init's pidfd turning readable instead of
+  containerd's Wait: the kernel makes a namespace's init a zombie only after every other
+  process of the namespace has exited, and an exited process has closed its files (the GPU's
+  among them); a pinned container sharing a PID namespace is verified by the pidfds of all its
+  processes (and its ``cgroup.procs`` listing no other). containerd hears of the exits from its
+  shims a moment later; what we tell it (``Kill(all)``, for any process outside the namespace)
+  waits for :meth:`ContainerdTasks.after_release`, after the owner's release. Off: every stop
+  is verified by containerd's Wait before the release.
 
 When containerd itself cannot be reached (restarting, crashed; its shims and containers keep
 running), a spot container must still leave the owner's GPU: its processes are found through
@@ -29,15 +41,17 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from spotgpu.adapters.pidkill import wait_exited
+from spotgpu.adapters import pidpins
+from spotgpu.adapters.pidpins import Pinned, PinTable
 from spotgpu.adapters.procattr import container_processes
 from spotgpu.adapters.proto import containerd_containers_pb2 as cpb
 from spotgpu.adapters.proto import containerd_containers_pb2_grpc as cpb_grpc
@@ -91,19 +105,6 @@ def _log_late_kill(future: Any) -> None:
         log.debug("late Kill future ended", exc_info=True)
 
 
-def _namespace_init(pidfd: int) -> bool:
-    """Whether the process behind ``pidfd`` is PID 1 of its PID namespace: the ``NSpid`` line of
-    the pidfd's own fdinfo ends with 1 (read through our fd, so no PID reuse can mislead it; a
-    process already gone reads -1). Not so for a container that shares its pod's or the host's
-    PID namespace: its init's exit leaves the others running."""
-    try:
-        info = Path(f"/proc/self/fdinfo/{pidfd}").read_text()
-    except OSError:
-        return False
-    line = next((ln for ln in info.splitlines() if ln.startswith("NSpid:")), "")
-    return line.split()[-1:] == ["1"]
-
-
 class ContainerdTasks:
     """A :class:`~spotgpu.ports.node.TaskPort` on a containerd socket and namespace."""
 
@@ -113,16 +114,21 @@ class ContainerdTasks:
         namespace: str = keys.CONTAINERD_K8S_NAMESPACE,
         *,
         proc_root: Path = Path("/proc"),
-        verify_by_pidfd: bool = False,
+        verify_by_pidfd: bool = True,
+        pin_pidfds: bool = True,
     ) -> None:
         target = address if address.startswith("unix:") else f"unix://{address}"
         self.address = address
         self.namespace = namespace
         self.proc_root = proc_root
         self.verify_by_pidfd = verify_by_pidfd
-        """See :meth:`stop_tasks`. Off by default for now: it releases the owner before the shim
-        has reaped the init, so containerd records the task's exit a moment after the release
-        (``spotgpu node-e2e`` still takes that record as the exit time and would report it)."""
+        """See the module docstring. It releases the owner before the shim has reaped the
+        init: containerd records the task's exit a moment after the release."""
+        self.pins: PinTable | None = PinTable(self._init_pids, proc_root=proc_root) if pin_pidfds else None
+        """The pinned spot containers (:meth:`pin`); None when pinning is off."""
+        self._deferred: list[str] = []
+        """Container IDs whose ``Kill(all)`` waits for :meth:`after_release`."""
+        self._deferred_lock = threading.Lock()
         # A local socket: after a containerd restart, reconnect within seconds, not gRPC's default minutes.
         self._channel = grpc.insecure_channel(
             target, options=[("grpc.min_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000)]
@@ -132,7 +138,44 @@ class ContainerdTasks:
         self._md = ((keys.CONTAINERD_NAMESPACE_HEADER, namespace),)
 
     def close(self) -> None:
+        if self.pins is not None:
+            self.pins.close()
         self._channel.close()
+
+    # -- before a return ----------------------------------------------------------------------
+    def _init_pids(self, container_ids: Sequence[str]) -> dict[str, int | None]:
+        """The running init PID of each task (``Tasks.Get``, in parallel); None: not running."""
+        futures = {
+            cid: self._tasks.Get.future(tpb.GetRequest(container_id=cid), metadata=self._md, timeout=2)
+            for cid in container_ids
+        }
+        pids: dict[str, int | None] = {}
+        for cid, future in futures.items():
+            try:
+                process = future.result().process
+            except grpc.RpcError:
+                pids[cid] = None
+                continue
+            pids[cid] = int(process.pid) if process.status == tpb.RUNNING and process.pid > 1 else None
+        return pids
+
+    def pin(self, container_ids: Collection[str]) -> None:
+        """Keep pidfds of these containers' processes (see the module docstring and
+        :meth:`PinTable.refresh`). Never raises."""
+        if self.pins is None:
+            return
+        try:
+            self.pins.refresh(container_ids)
+        except Exception:  # best effort: an unpinned container goes through Tasks.Get
+            log.exception("pinning spot containers failed")
+
+    def after_release(self) -> None:
+        """Tell containerd of the stops verified by pidfd (``Kill(all)``, answered off any
+        waiting path): call after the owner's release."""
+        with self._deferred_lock:
+            deferred, self._deferred = self._deferred, []
+        for cid in deferred:
+            self._kill(cid, signal.SIGKILL, all_processes=True, timeout=10).add_done_callback(_log_late_kill)
 
     # -- stopping ---------------------------------------------------------------------------
     def _kill(self, container_id: str, sig: int, *, all_processes: bool, timeout: float) -> Any:
@@ -146,12 +189,12 @@ class ContainerdTasks:
     def stop_tasks(self, container_ids: Sequence[str], *, grace: float, timeout: float) -> list[TaskStopResult]:
         """Stop every task (see :meth:`TaskPort.stop_tasks`); never raises for one task's failure.
 
-        After the grace (if any), each task's init is SIGKILLed directly (:meth:`_signal_inits`);
-        containerd's Wait answers verify the stops. With ``verify_by_pidfd``, a task whose init
-        is its PID namespace's init is verified by that init's pidfd instead: that proves every
-        process of the container gone with no containerd round trip on the way, and no Wait is
-        issued for it. A task whose init shares a PID namespace also gets ``Kill(all)`` at once;
-        containerd unreachable: through ``/proc``."""
+        After the grace (if any), every task's processes are SIGKILLed directly
+        (:meth:`_kill_now`: pinned ones at once, the others after a ``Tasks.Get``), all before any
+        stop is verified. With ``verify_by_pidfd`` a task whose pidfds can prove it gone
+        (:attr:`Pinned.verifiable`) is verified by them, with no containerd round trip; every
+        other task by containerd's Wait, and one not known to be its namespace's init also gets
+        ``Kill(all)`` at once. containerd unreachable: through ``/proc``."""
         ids = list(dict.fromkeys(container_ids))
         if not ids:
             return []
@@ -162,38 +205,40 @@ class ContainerdTasks:
         if grace > 0:
             self._terminate(pending, min(deadline, time.monotonic() + grace), timeout)
         unfinished = [cid for cid in ids if cid not in pending or not pending[cid].wait.done()]
-        pinned = self._signal_inits(unfinished) if unfinished else {}
-        verified: dict[str, int] = {}
+        pinned: set[str] = set()
+        killed = self._kill_now(unfinished, pinned) if unfinished else {}
+        by_pidfd = {c for c, k in killed.items() if self.verify_by_pidfd and k.verifiable}
         try:
             for cid in unfinished:
-                p = pending.get(cid)
-                if cid in pinned and self.verify_by_pidfd and pinned[cid][0]:
-                    verified[cid] = pinned[cid][1]
+                if cid in by_pidfd:
                     continue
+                p = pending.get(cid)
                 if p is None:
                     p = pending[cid] = _Pending(cid, self._wait(cid, timeout))
                 p.signal = 9
-                if cid not in pinned or not pinned[cid][0]:  # not a namespace init: its others need Kill(all) too
+                if cid not in killed or not killed[cid].namespace_init:  # its others need Kill(all) too
                     p.kill = self._kill(cid, signal.SIGKILL, all_processes=True, timeout=timeout)
-            exited = wait_exited(verified.values(), deadline)
+            gone = pidpins.wait_pinned([killed[c] for c in by_pidfd], deadline)
         finally:
-            for _, fd in pinned.values():
-                os.close(fd)
-        results = {cid: self._settle(p, deadline) for cid, p in pending.items() if cid not in verified}
-        for cid, fd in verified.items():
-            done = fd in exited
+            for k in killed.values():
+                k.close()
+        results = {cid: self._settle(p, deadline) for cid, p in pending.items() if cid not in by_pidfd}
+        for cid in by_pidfd:
             state, detail = (
-                (TaskState.STOPPED, "init exited") if done else (TaskState.FAILED, "task did not exit in time")
+                (TaskState.STOPPED, "init exited" if killed[cid].namespace_init else "every process exited")
+                if cid in gone
+                else (TaskState.FAILED, "task did not exit in time")
             )
-            results[cid] = TaskStopResult(cid, state, None, detail, 9)
+            how = "pinned" if cid in pinned else "pid from containerd"
+            results[cid] = TaskStopResult(cid, state, None, f"{detail} ({how})", 9)
         unreachable = [
             c for c, r in results.items() if r.state is TaskState.FAILED and c in pending and pending[c].unreachable
         ]
         if unreachable:
             log.warning("containerd at %s unreachable: stopping %s through /proc", self.address, unreachable)
             results.update(self._stop_without_containerd(unreachable, deadline))
-        for cid in [c for c, (namespace_init, _) in pinned.items() if namespace_init]:  # off the critical path
-            self._kill(cid, signal.SIGKILL, all_processes=True, timeout=timeout).add_done_callback(_log_late_kill)
+        with self._deferred_lock:  # containerd is told after the owner's release (after_release)
+            self._deferred += sorted(by_pidfd | {c for c, k in killed.items() if k.namespace_init})
         return [results[cid] for cid in ids]
 
     def _terminate(self, pending: dict[str, _Pending], grace_end: float, timeout: float) -> None:
@@ -211,10 +256,12 @@ class ContainerdTasks:
             except grpc.RpcError:
                 pass
 
-    def _signal_inits(self, container_ids: list[str]) -> dict[str, tuple[bool, int]]:
-        """SIGKILL each task's init process directly; returns ``{container ID: (namespace
-        init, pidfd)}`` of those signalled (the caller closes the pidfds), where "namespace
-        init" says whether the process was PID 1 of its PID namespace (:func:`_namespace_init`).
+    def _kill_now(self, container_ids: list[str], pinned: set[str]) -> dict[str, Pinned]:
+        """SIGKILL every task's processes directly; returns the signalled ones' pins (the caller
+        closes them) and adds to ``pinned`` the IDs that were pinned before. Pinned containers
+        (:meth:`pin`) are signalled at once; for the others the
+        init PIDs are asked from containerd (``Tasks.Get``, issued before those signals, read
+        after them), each pinned with a pidfd and signalled.
 
         containerd's Kill runs the OCI runtime (``runc kill``) once per task, a process start
         each, and on a small node those compete with the very exits we wait for (measured: 8
@@ -222,16 +269,19 @@ class ContainerdTasks:
         ourselves ends a container whose init is its PID namespace's init (every Kubernetes
         container without ``shareProcessNamespace``): the kernel kills the rest of the
         namespace, and the init turns into a zombie (its pidfd readable) only after all of them
-        exited. Each PID is read from containerd (Tasks.Get, in parallel) just before and
-        pinned with a pidfd, so a reused PID is never signalled after that point. Tasks not
-        signalled here (no hostPID, not running) go through containerd's Kill at once; the
-        others get ``Kill(all=true)`` after they exited, for any process outside the namespace.
+        exited. A PID read from containerd is pinned with a pidfd before the signal, so a reused
+        PID is never signalled after that point. Tasks not signalled here (no hostPID, not
+        running) go through containerd's Kill at once.
         """
+        taken = self.pins.take(container_ids) if self.pins is not None else {}
         gets = {
             cid: self._tasks.Get.future(tpb.GetRequest(container_id=cid), metadata=self._md, timeout=2)
             for cid in container_ids
+            if cid not in taken
         }
-        signalled: dict[str, tuple[bool, int]] = {}
+        pidpins.signal_pinned(taken.values())
+        pinned.update(taken)
+        signalled = dict(taken)
         for cid, future in gets.items():
             try:
                 process = future.result().process
@@ -243,14 +293,14 @@ class ContainerdTasks:
                 fd = os.pidfd_open(process.pid)
             except OSError:
                 continue  # already gone, or not visible from here (no hostPID)
-            namespace_init = _namespace_init(fd)  # read before the signal: the process still runs
+            pin = Pinned(cid, process.pid, fd, pidpins.namespace_init(fd))  # read before the signal
             try:
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
             except OSError as exc:
                 log.debug("direct SIGKILL of %s (pid %d) failed: %s", cid, process.pid, exc)
-                os.close(fd)
+                pin.close()
                 continue
-            signalled[cid] = (namespace_init, fd)
+            signalled[cid] = pin
         return signalled
 
     def _settle(self, p: _Pending, deadline: float) -> TaskStopResult:

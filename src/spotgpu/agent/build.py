@@ -98,7 +98,12 @@ def build_agent(
         node=node,
         kube=kube,
         backend=backend or make_backend(config),
-        tasks=ContainerdTasks(str(config.containerd_socket), config.containerd_namespace),
+        tasks=ContainerdTasks(
+            str(config.containerd_socket),
+            config.containerd_namespace,
+            verify_by_pidfd=config.eviction.verify_by_pidfd,
+            pin_pidfds=config.eviction.pin_pidfds,
+        ),
         pod_resources=PodResourcesView(config.pod_resources_socket),
         guard_factory=guard_factory,
         utilization=make_utilization(config, metrics),

@@ -46,6 +46,7 @@ class EvictionLog:
             "victims": [v.pod.format() for v in plan.victims],
             "containers": list(plan.container_ids),
             "at": plan.at,
+            "started_ms": None if outcome.started_at is None else round((outcome.started_at - plan.at) * 1000, 3),
             "tasks_stopped_ms": round(outcome.stop_latency * 1000, 3),
             "released_ms": None if outcome.released_at is None else round((outcome.released_at - plan.at) * 1000, 3),
             "complete_ms": round((outcome.completed_at - plan.at) * 1000, 3),

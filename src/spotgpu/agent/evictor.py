@@ -2,27 +2,38 @@
 
 Decides nothing (the plan comes from :func:`~spotgpu.agent.model.plan_eviction`, the decision
 to evict from :mod:`spotgpu.core.lending`). Side effects, all through ports: container tasks
-(stop, list), the sweep hook (kill what still runs on the GPUs through ``/proc``), the
-Kubernetes API (delete pods, retried within a budget; leftovers retried later), metrics, the
-MappingCache (victims forgotten) and the release callback the caller passes.
+(pin, stop, list, the runtime's deferred bookkeeping), the sweep hook (kill what still runs on
+the GPUs through ``/proc``), the Kubernetes API (delete pods, retried within a budget;
+leftovers retried later), metrics, the MappingCache (victims forgotten), the release callbacks
+the caller passes, and the eviction executor's threads (:class:`EvictionExecutor`).
 
-Interface: :meth:`Evictor.evict` runs one plan on the calling thread, in this order, and
-returns an :class:`EvictionOutcome` with its timings:
+Interface: :meth:`Evictor.evict` runs one plan and returns an :class:`EvictionOutcome` with its
+timings. The owner's part (steps 1-4, up to the release) runs on the eviction executor, a
+thread at raised scheduling priority (``agent.eviction.realtime``), while the calling thread
+waits; the rest on the calling thread:
 
 1. victims without a container ID are completed from a fresh containerd listing (by CRI labels);
 2. eviction metrics (reason, spot user's namespace; once per pod);
-3. every spot container task is stopped (optional bounded SIGTERM grace, then SIGKILL) and each
-   stop verified; containers not verified stopped are remembered and stopped again by
-   :meth:`retry_pending`; victims still unverified are swept off the plan's GPUs;
+3. every spot container task is stopped (optional bounded SIGTERM grace, then SIGKILL to all of
+   them before any stop is verified) and each stop verified; containers not verified stopped
+   are remembered and stopped again by :meth:`retry_pending`; victims still unverified are
+   swept off the plan's GPUs;
 4. the MappingCache forgets the victims and ``release()`` is called: the owner's held call may
    proceed now, on clean GPUs (``release`` is called exactly once, also when a step fails);
-5. the pods are deleted through the Kubernetes API in parallel, retried within
-   ``delete_budget`` seconds of real time (:class:`~spotgpu.core.clock.Timer`); leftovers are
-   retried by :meth:`retry_pending`.
+5. on the calling thread, at normal priority (:func:`~spotgpu.util.priority.normal_priority`):
+   ``released()`` (the caller's bookkeeping: state, publication, the lending record), the
+   metrics and log lines, then the pods are deleted through the Kubernetes API in parallel,
+   retried within ``delete_budget`` seconds of real time (:class:`~spotgpu.core.clock.Timer`;
+   leftovers are retried by :meth:`retry_pending`), and last the container runtime's deferred
+   bookkeeping (:meth:`~spotgpu.ports.node.PinningTaskPort.after_release`).
 
-This module holds no lock of the solver's: the steps before ``release`` wait only on container
-tasks (a future version may kill all victims in parallel before verifying any). Its own small
-lock guards the pending stops and deletions.
+Before a return: :meth:`Evictor.prepare` hands the task port the spot containers a return
+would stop, so it can pin their processes (no containerd call before the kill).
+
+This module holds no lock of the solver's. Its own small lock guards the pending stops and
+deletions. :class:`ReturnsInFlight` counts owner returns in flight (the solver: from the
+guard's signal until the eviction is complete), so detection can step aside meanwhile
+(``agent.eviction.deferDetection``).
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import threading
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.agent.model import EvictionPlan, runtime_container_ids
@@ -43,9 +55,11 @@ from spotgpu.core.ids import DeviceID
 from spotgpu.core.mapping_cache import MappingCache
 from spotgpu.core.refs import PodRef
 from spotgpu.core.types import EvictionReason
-from spotgpu.ports.node import RuntimeContainer, TaskPort, TaskState
+from spotgpu.ports.node import PinningTaskPort, RuntimeContainer, TaskPort, TaskState, TaskStopResult
+from spotgpu.util.priority import Priority, normal_priority, raise_thread
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SweepFn = Callable[[tuple[DeviceID, ...], Sequence[PodRef]], tuple[int, int]]
 """Kills what still runs on the devices for the pods; returns (killed, still running)."""
@@ -65,6 +79,8 @@ class EvictionOutcome:
     released_at: float | None = None
     """When the owner was released (guard disarmed): after the tasks stopped, before the pods
     were deleted."""
+    started_at: float | None = None
+    """When the eviction executor began stopping the tasks (after the caller's planning)."""
 
     @property
     def stop_latency(self) -> float:
@@ -75,6 +91,94 @@ class EvictionOutcome:
 class _Pending:
     reason: EvictionReason
     attempts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _OwnerPart:
+    plan: EvictionPlan
+    results: tuple[TaskStopResult, ...]
+    started_at: float
+    stopped_at: float
+    released_at: float
+
+
+STOPPED_MEMORY = 60.0
+"""Seconds a verified stop is remembered (:meth:`Evictor.stopped_lately`)."""
+
+EXECUTOR_THREADS = 4
+"""Owners whose evictions run at once (each thread is busy only until its owner's release)."""
+
+
+class EvictionExecutor:
+    """Long-lived threads that run the owner's part of evictions, at raised scheduling priority
+    when ``realtime`` (:func:`~spotgpu.util.priority.raise_thread`); one is started (and raised)
+    at construction, so the first return pays neither a thread start nor a priority change."""
+
+    PREFIX = "spotgpu-evict"
+
+    def __init__(self, *, realtime: bool = True, threads: int = EXECUTOR_THREADS) -> None:
+        self.realtime = realtime
+        self.priorities: list[Priority] = []
+        """What each thread got (the kernel may refuse ``SCHED_RR``: then nice -10, or normal)."""
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=self.PREFIX, initializer=self._raise)
+        self._pool.submit(lambda: None).result()
+
+    def _raise(self) -> None:
+        if self.realtime:
+            self.priorities.append(raise_thread())
+
+    def run(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on one of the executor's threads (on the calling thread if it is one);
+        returns its result or raises its exception."""
+        if threading.current_thread().name.startswith(self.PREFIX):
+            return fn()
+        return self._pool.submit(fn).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class ReturnsInFlight:
+    """Owner returns in flight. :meth:`enter` when one starts; the ticket's :meth:`Ticket.leave`
+    (idempotent) when it is done."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._count = 0
+
+    def enter(self) -> Ticket:
+        with self._cond:
+            self._count += 1
+        return Ticket(self)
+
+    def _leave(self) -> None:
+        with self._cond:
+            self._count -= 1
+            if self._count == 0:
+                self._cond.notify_all()
+
+    @property
+    def active(self) -> bool:
+        return self._count > 0
+
+    def wait_clear(self, timeout: float) -> bool:
+        """Block while a return is in flight, at most ``timeout`` seconds; True when none is."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._count == 0, timeout)
+
+
+class Ticket:
+    """One return in flight (see :class:`ReturnsInFlight`)."""
+
+    def __init__(self, returns: ReturnsInFlight) -> None:
+        self._returns: ReturnsInFlight | None = returns
+        self._lock = threading.Lock()
+
+    def leave(self) -> None:
+        with self._lock:
+            returns, self._returns = self._returns, None
+        if returns is not None:
+            returns._leave()
 
 
 class Evictor:
@@ -89,6 +193,7 @@ class Evictor:
         clock: Clock,
         timer: Timer,
         mapping: MappingCache,
+        realtime: bool = True,
     ) -> None:
         self.tasks = tasks
         self.kube = kube
@@ -101,32 +206,51 @@ class Evictor:
         """Pods evicted and not gone yet (counted once in the eviction metric)."""
         self._pending_deletes: dict[PodRef, _Pending] = {}
         self._pending_stops: set[str] = set()
+        self._stopped: dict[str, float] = {}
+        """Container ID -> when an eviction verified it stopped (monotonic seconds)."""
         """Spot containers an eviction could not verify stopped: stopped again by :meth:`retry_pending`."""
         self._deleter = ThreadPoolExecutor(max_workers=8, thread_name_prefix="evict-delete")
+        self.executor = EvictionExecutor(realtime=realtime)
         self.sweep: SweepFn | None = None
         self.on_runtime: Callable[[list[RuntimeContainer]], None] | None = None
         """Receives a containerd listing made for victims without container IDs."""
 
     def close(self) -> None:
+        self.executor.close()
         self._deleter.shutdown(wait=True, cancel_futures=True)
 
-    def evict(self, plan: EvictionPlan, settings: EvictionSettings, release: ReleaseFn) -> EvictionOutcome:
+    def prepare(self, container_ids: Collection[str]) -> None:
+        """Before a return: the spot containers a return would stop now (the task port pins
+        their processes when it can)."""
+        if isinstance(self.tasks, PinningTaskPort):
+            self.tasks.pin(container_ids)
+
+    def evict(
+        self,
+        plan: EvictionPlan,
+        settings: EvictionSettings,
+        release: ReleaseFn,
+        released: Callable[[], None] | None = None,
+    ) -> EvictionOutcome:
         """Run ``plan`` (steps 1-5 of the module docstring)."""
-        released_at: float | None = None
+        part = self.executor.run(lambda: self._owner_part(plan, settings, release))
+        with normal_priority():  # the owner runs now: nothing below may delay its wake-up
+            return self._after_release(part, settings, released)
+
+    def _after_release(
+        self, part: _OwnerPart, settings: EvictionSettings, released: Callable[[], None] | None
+    ) -> EvictionOutcome:
+        """Step 5 and the reports, on the calling thread at normal priority."""
+        plan = part.plan
+        self.metrics.eviction_seconds.labels(reason=plan.reason.value).observe(max(0.0, part.stopped_at - plan.at))
         try:
-            plan = self._complete_victims(plan)
+            if released is not None:
+                released()
             self._count(plan)
-            failed = self._stop(plan, settings)
-            self._sweep(plan, set(failed))
-            stopped_at = self.clock.monotonic()
-            self.metrics.eviction_seconds.labels(reason=plan.reason.value).observe(max(0.0, stopped_at - plan.at))
-            for victim in plan.victims:
-                self.mapping.remove_user(victim.pod)
-            released_at = release()  # the GPUs are clean: the owner's call proceeds now
+            self._report(plan, part.results)
             undeleted = self._delete_pods(plan, settings)
         finally:
-            if released_at is None:
-                released_at = release()
+            self._runtime_bookkeeping()  # last: containerd's work must not compete with the owner's first steps
         completed_at = self.clock.monotonic()
         self.metrics.eviction_complete_seconds.labels(reason=plan.reason.value).observe(
             max(0.0, completed_at - plan.at)
@@ -136,10 +260,40 @@ class Evictor:
             plan.owner,
             list(plan.devices),
             (completed_at - plan.at) * 1000,
-            (stopped_at - plan.at) * 1000,
-            (released_at - plan.at) * 1000,
+            (part.stopped_at - plan.at) * 1000,
+            (part.released_at - plan.at) * 1000,
         )
-        return EvictionOutcome(plan, stopped_at, completed_at, tuple(failed), undeleted, released_at)
+        failed = tuple(r.container_id for r in part.results if r.state is TaskState.FAILED)
+        return EvictionOutcome(
+            plan, part.stopped_at, completed_at, failed, undeleted, part.released_at, part.started_at
+        )
+
+    def _owner_part(self, plan: EvictionPlan, settings: EvictionSettings, release: ReleaseFn) -> _OwnerPart:
+        """Steps 1-4: everything the owner waits for, on the eviction executor, and nothing
+        else (no log line per victim, no metric, no file): the executor is idle again the moment
+        the owner is released."""
+        started_at = self.clock.monotonic()
+        released_at: float | None = None
+        try:
+            plan = self._complete_victims(plan)
+            results = self._stop(plan.container_ids, settings)
+            failed = [r.container_id for r in results if r.state is TaskState.FAILED]
+            self._sweep(plan, set(failed))
+            stopped_at = self.clock.monotonic()
+            for victim in plan.victims:
+                self.mapping.remove_user(victim.pod)
+            released_at = release()  # the GPUs are clean: the owner's call proceeds now
+        finally:
+            if released_at is None:
+                released_at = release()
+        return _OwnerPart(plan, tuple(results), started_at, stopped_at, released_at)
+
+    def _runtime_bookkeeping(self) -> None:
+        if isinstance(self.tasks, PinningTaskPort):
+            try:
+                self.tasks.after_release()
+            except Exception:
+                log.exception("the container runtime's bookkeeping after a release failed")
 
     def _count(self, plan: EvictionPlan) -> None:
         for victim in plan.victims:
@@ -149,7 +303,7 @@ class Evictor:
             if first:
                 self.metrics.evictions.labels(reason=plan.reason.value, namespace=victim.pod.namespace or "").inc()
             log.info(
-                "evict %s from owner %s devices %s (reason %s): stopping containers %s",
+                "evicted %s from owner %s devices %s (reason %s): containers %s",
                 victim.pod,
                 plan.owner,
                 list(victim.devices),
@@ -157,17 +311,31 @@ class Evictor:
                 list(victim.container_ids),
             )
 
-    def _stop(self, plan: EvictionPlan, settings: EvictionSettings) -> list[str]:
-        """Stop and verify every task of the plan; the IDs not verified stopped."""
-        if not plan.container_ids:
+    def _stop(self, container_ids: Sequence[str], settings: EvictionSettings) -> list[TaskStopResult]:
+        """Stop and verify these tasks; remembers the ones not verified stopped."""
+        if not container_ids:
             return []
-        failed: list[str] = []
-        results = self.tasks.stop_tasks(plan.container_ids, grace=settings.sigterm_grace, timeout=settings.stop_timeout)
+        results = self.tasks.stop_tasks(container_ids, grace=settings.sigterm_grace, timeout=settings.stop_timeout)
+        now = self.clock.monotonic()
+        with self._lock:
+            self._pending_stops.update(r.container_id for r in results if r.state is TaskState.FAILED)
+            self._stopped.update((r.container_id, now) for r in results if r.state is not TaskState.FAILED)
+        return results
+
+    def stopped_lately(self, container_ids: Collection[str], within: float) -> bool:
+        """Whether every one of ``container_ids`` (at least one) was verified stopped by an
+        eviction in the last ``within`` seconds: a view of the node read before that eviction's
+        pod deletions (pod-resources still listing the pod) names dead work, not a violation."""
+        now = self.clock.monotonic()
+        with self._lock:
+            return bool(container_ids) and all(
+                now - self._stopped.get(c, -float("inf")) <= within for c in container_ids
+            )
+
+    def _report(self, plan: EvictionPlan, results: Sequence[TaskStopResult]) -> None:
+        """Metrics and one log line per stop (after the release)."""
         for result in results:
             if result.state is TaskState.FAILED:
-                failed.append(result.container_id)
-                with self._lock:
-                    self._pending_stops.add(result.container_id)
                 self.metrics.task_stop_failures.inc()
                 log.error(
                     "owner %s: spot container %s not verified stopped: %s",
@@ -177,13 +345,13 @@ class Evictor:
                 )
             else:
                 log.info(
-                    "owner %s: spot container %s %s (exit %s)",
+                    "owner %s: spot container %s %s (exit %s%s)",
                     plan.owner,
                     result.container_id,
                     result.state.value,
                     result.exit_status,
+                    f"; {result.detail}" if result.detail else "",
                 )
-        return failed
 
     def _complete_victims(self, plan: EvictionPlan) -> EvictionPlan:
         """Fill in container IDs of victims that have none yet (a spot pod whose container just
@@ -278,6 +446,7 @@ class Evictor:
                 log.info("spot container %s now verified stopped (%s)", result.container_id, result.state.value)
                 with self._lock:
                     self._pending_stops.discard(result.container_id)
+            self._runtime_bookkeeping()
         with self._lock:
             deletes = list(self._pending_deletes.items())
         for pod, entry in deletes:
@@ -293,8 +462,19 @@ class Evictor:
         with self._lock:
             for pod in [p for p in self._evicted if p not in live]:
                 del self._evicted[pod]
+            horizon = self.clock.monotonic() - STOPPED_MEMORY
+            for cid in [c for c, at in self._stopped.items() if at < horizon]:
+                del self._stopped[cid]
             for pod in [p for p in self._pending_deletes if p not in pods]:
                 del self._pending_deletes[pod]
 
 
-__all__ = ["EvictionOutcome", "Evictor", "ReleaseFn", "SweepFn"]
+__all__ = [
+    "EvictionExecutor",
+    "EvictionOutcome",
+    "Evictor",
+    "ReleaseFn",
+    "ReturnsInFlight",
+    "SweepFn",
+    "Ticket",
+]

@@ -43,10 +43,12 @@ any owner whose processes are back on its GPUs (polling covers owners that retur
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -61,7 +63,7 @@ from spotgpu.agent.measure import REF_RETRY_INTERVAL, BackendUtilization, Measur
 from spotgpu.agent.model import victim_container_ids
 from spotgpu.agent.nodepods import NodePods
 from spotgpu.agent.owner_record import OwnerRecord
-from spotgpu.agent.ports import GuardPort, KubePort, PodEvent
+from spotgpu.agent.ports import GuardPort, KubePort, PodEvent, PodEventType, PodInfo
 from spotgpu.agent.solver import EvictionOutcome, Solver, SolverSettings
 from spotgpu.core.clock import Clock, SystemClock
 from spotgpu.core.config import AgentConfig
@@ -75,6 +77,7 @@ from spotgpu.ports.node import (
     GpuBackend,
     LendStore,
     PidAttributor,
+    PinningTaskPort,
     PodResourcesPort,
     RuntimeContainer,
     TaskPort,
@@ -182,6 +185,7 @@ class Agent:
         self._measurer = Measurer(backend, self.utilization, self._refs, metrics=self.metrics, clock=self.clock)
         self._owner_record = OwnerRecord(owner_record, self.metrics)
         self._evictions = EvictionLog()
+        self._pinner = ThreadPoolExecutor(1, thread_name_prefix="agent-pin")
         self._refresh_wanted = threading.Event()
         self._runtime_factory = runtime_service
         self.runtime_service: RuntimeHost | None = None
@@ -358,6 +362,7 @@ class Agent:
         if guard_stop := getattr(self.guard, "stop", None):
             guard_stop()
         self.metrics.close()
+        self._pinner.shutdown(wait=True, cancel_futures=True)
         self.solver.close()
 
     # -- recovery and reconcile -----------------------------------------------------------------
@@ -372,6 +377,8 @@ class Agent:
             if ids:
                 log.info("recovery: stopping tasks of %d pod(s) being deleted: %s", len(deleting), ids)
                 self.tasks.stop_tasks(ids, grace=self.config.sigterm_grace, timeout=10.0)
+                if isinstance(self.tasks, PinningTaskPort):
+                    self.tasks.after_release()  # nobody waits: containerd may hear of the stops now
         self.detect_once(reconcile=False)
         return outcomes
 
@@ -383,9 +390,16 @@ class Agent:
             log.warning("listing containers failed: %s", exc)
             return None
 
+    def _yield_to_returns(self) -> None:
+        """Wait while an owner's return is in flight (``deferDetection``): detection takes the
+        solver's lock, the GIL and a CPU the eviction and the released owner need."""
+        if self.config.eviction.defer_detection and self.solver.returns.active:
+            self.solver.returns.wait_clear(self.config.eviction_timeout + 1.0)
+
     def reconcile(self, recovering: bool = False) -> list[EvictionOutcome]:
         """Re-read the node's view and refresh the solver. Until one refresh succeeded, every
         refresh is a recovering one (a pod-resources outage at start must not skip recovery)."""
+        self._yield_to_returns()
         with self._reconcile_lock:
             try:
                 allocations = self.pod_resources.list()
@@ -408,6 +422,19 @@ class Agent:
     def on_pod_event(self, event: PodEvent) -> None:
         """The pod watch's handler (public so a harness without a watch can feed events)."""
         self.pods.on_event(event)
+        if event.type is not PodEventType.DELETED:
+            self._pin_spot_containers(event.pod)
+
+    def _pin_spot_containers(self, pod: PodInfo) -> None:
+        """A spot container the watch reports started is pinned at once, on the pinner's thread
+        (an owner may return before the next detection cycle would name it)."""
+        if not self.config.eviction.pin_pidfds:
+            return
+        spot = set(self.solver.resources)
+        ids = [c.container_id for c in pod.containers if c.container_id and spot.intersection(c.requests)]
+        if ids:
+            with contextlib.suppress(RuntimeError):  # stopped: nothing to prepare for
+                self._pinner.submit(self.solver.evictor.prepare, ids)
 
     # -- detection ---------------------------------------------------------------------------------
     def _detect_loop(self) -> None:
@@ -424,8 +451,10 @@ class Agent:
                 log.exception("detection cycle failed")
 
     def detect_once(self, *, reconcile: bool = True) -> CycleReport:
-        """One detection cycle: refresh the mapping, measure, judge every owner, act."""
+        """One detection cycle: refresh the mapping, measure, judge every owner, act. Each step
+        first waits while an owner's return is in flight (:meth:`_yield_to_returns`)."""
         cpu0, wall0 = time.process_time(), time.perf_counter()
+        self._yield_to_returns()
         devices = self.solver.devices()
         try:
             devices_now = self.backend.devices()
@@ -437,7 +466,9 @@ class Agent:
             log.warning("GPU inventory failed: %s", exc)
         if reconcile:
             self.reconcile()
+        self._yield_to_returns()
         samples = self._measurer.samples(devices, self.solver.watched_owners)
+        self._yield_to_returns()
         events = self.solver.observe(samples)
         self.solver.account()
         self.solver.annotate()

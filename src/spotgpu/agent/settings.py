@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from spotgpu.agent.steer import TwinPool, twin_pools
 from spotgpu.core import keys
-from spotgpu.core.config import AgentConfig, LendingConfig
+from spotgpu.core.config import AgentConfig, EvictionConfig, LendingConfig
 from spotgpu.core.ids import NodeName, ResourceName
 from spotgpu.core.lending import LendRules
 
@@ -57,6 +57,8 @@ class SolverSettings:
     before ours does."""
     lending: LendingConfig = field(default_factory=LendingConfig)
     """The lending policy (``agent.lending``)."""
+    return_path: EvictionConfig = field(default_factory=EvictionConfig)
+    """The return path's switches (``agent.eviction``): the evictor's thread priority, pinning."""
 
     @classmethod
     def from_config(cls, config: AgentConfig, node: NodeName) -> SolverSettings:
@@ -72,6 +74,7 @@ class SolverSettings:
             twin_replicas=config.twin_replicas,
             shared_replicas=config.shared_replicas,
             shadow_namespace=config.shadow_namespace,
+            return_path=config.eviction,
         )
 
     @property

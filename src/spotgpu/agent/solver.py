@@ -29,9 +29,12 @@ Eviction (owner back, coverage lost, or a violation), in this order:
    even for a spot container the kubelet restarts with an old grant;
 2. for an owner's return, pod-resources is read again and the plan made from it, so a spot
    container started since the last refresh is not missed;
-3. the evictor stops and verifies every spot task (:mod:`spotgpu.agent.evictor`);
-4. the MappingCache forgets the victims, the owner is ``active`` and the guard disarmed: the
-   owner's held call proceeds on a clean GPU; then the lending record is written;
+3. the evictor stops and verifies every spot task (:mod:`spotgpu.agent.evictor`, on its
+   raised-priority executor);
+4. the MappingCache forgets the victims and the guard is disarmed: the owner's held call
+   proceeds on a clean GPU (this step takes no lock of ours); then, under the lock, the owner
+   becomes ``active`` (its ``EvictionDone``) and the twins are republished, and after it the
+   lending record is written;
 5. the spot pods are deleted through the Kubernetes API. This comes after the release on
    purpose: the owner waits for its GPUs to be clean, not for the API server (whose latency a
    node does not control), and by step 1 nothing can put spot work back on them.
@@ -39,7 +42,14 @@ Eviction (owner back, coverage lost, or a violation), in this order:
 Concurrency: one lock guards the state; a state transition (``lent`` -> ``evicting``) happens
 exactly once under it, so a guard signal and a detection poll racing for the same owner produce
 one eviction. Evictions run outside the lock, so one owner's eviction never delays another
-owner's guard signal. Every step is logged with the owner and the devices.
+owner's guard signal. An owner's return takes the lock only for short sections with no I/O
+(the transition, planning from the fresh read); its release takes none. :attr:`Solver.returns`
+counts the owner returns from their guard signal until their eviction is complete (pods
+deleted): the agent's detection waits while one is in flight (``agent.eviction.deferDetection``),
+so it neither competes with the eviction nor with the released owner's first steps, and it
+reads the node only after the evicted pods are gone. Before a return, every refresh hands the
+evictor the spot containers on lent GPUs (:meth:`~spotgpu.agent.evictor.Evictor.prepare`: their
+processes are pinned). Every step is logged with the owner and the devices.
 """
 
 from __future__ import annotations
@@ -52,7 +62,7 @@ from dataclasses import dataclass, field
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.agent.allocator import Allocator, Grant
 from spotgpu.agent.detect import WatchedOwner
-from spotgpu.agent.evictor import EvictionOutcome, Evictor, SweepFn
+from spotgpu.agent.evictor import EvictionOutcome, Evictor, ReturnsInFlight, SweepFn
 from spotgpu.agent.guarding import GuardExecutor
 from spotgpu.agent.lookups import SolverLookups, SolverState
 from spotgpu.agent.model import (
@@ -85,8 +95,14 @@ from spotgpu.ports.node import (
     RuntimeContainer,
     TaskPort,
 )
+from spotgpu.util.priority import normal_priority
 
 log = logging.getLogger(__name__)
+
+STALE_VIEW = 5.0
+"""Seconds after an eviction verified its spot containers stopped during which a refresh that
+still sees them as users (its pod-resources read came before the pods' deletion) does not
+evict them again. A container it does not know stopped (a new one) is evicted at once."""
 
 
 @dataclass
@@ -99,6 +115,8 @@ class _Effects:
     events: list[tuple[str, str]] = field(default_factory=list)
     """Node events ``(reason, message)``."""
     reports: list[Action] = field(default_factory=list)
+    released: Owner | None = None
+    """An owner the evictor released already (its ``EvictionDone``'s Disarm is not repeated)."""
 
 
 class Solver(SolverLookups):
@@ -141,15 +159,23 @@ class Solver(SolverLookups):
         self.publisher = Publisher(settings.node, kube=kube, publish=publish, metrics=metrics)
         self.records = RecordKeeper(store, metrics=metrics, clock=clock)
         self.evictor = Evictor(
-            tasks=tasks, kube=kube, metrics=metrics, clock=clock, timer=timer or SystemTimer(), mapping=self.mapping
+            tasks=tasks,
+            kube=kube,
+            metrics=metrics,
+            clock=clock,
+            timer=timer or SystemTimer(),
+            mapping=self.mapping,
+            realtime=settings.return_path.realtime,
         )
+        self.returns = ReturnsInFlight()
+        """Owner returns from their guard signal until their eviction is complete (see module docstring)."""
         self.evictor.on_runtime = self._set_runtime
         self.action_log: list[Action] | None = None
         """When a list, every action the state machine returned is appended (tests)."""
         self.refresh_hook: Callable[[], None] | None = None
         """Called by :meth:`allocate` when a twin's owner is unknown (re-reads pod-resources)."""
         self.fresh_allocations: Callable[[], Sequence[AllocatedDevices]] | None = None
-        """Reads pod-resources now; an owner-back eviction plans from it (see :meth:`_fresh_snapshot`)."""
+        """Reads pod-resources now; an owner-back eviction plans from it (see :meth:`_fresh_allocations`)."""
         self.on_eviction: Callable[[EvictionOutcome], None] | None = None
         self.live_pods: Callable[[], Sequence[PodInfo]] | None = None
         """This node's pods as the pod watch knows them now, in binding order (first seen first);
@@ -227,11 +253,25 @@ class Solver(SolverLookups):
             self.evictor.prune(live, self._pods)
             plans = self._violations(build.snapshot, now, recovering, effects)
             self.publish_locked()
+            lent_users = self._lent_users_locked(now)
         self._after(effects)
         self.persist()
+        self.evictor.prepare(lent_users)
         outcomes = [self._run_eviction(plan) for plan in plans]
         self.evictor.retry_pending(self.settings.eviction)
         return outcomes
+
+    def _lent_users_locked(self, now: float) -> set[str]:
+        """The container IDs an owner-back eviction of each lent owner would stop now."""
+        snapshot = self.mapping.snapshot()
+        ids: set[str] = set()
+        for owner, s in self._owners.items():
+            if s.state is LendState.LENT:
+                plan = plan_eviction(
+                    snapshot, owner, s.devices, self._pods, self._runtime, reason=EvictionReason.OWNER_BACK, at=now
+                )
+                ids.update(plan.container_ids)
+        return ids
 
     def _violations(
         self, snapshot: MappingSnapshot, now: float, recovering: bool, effects: _Effects
@@ -249,9 +289,12 @@ class Solver(SolverLookups):
         plans = []
         started = _Effects()  # its evicts are not run: the plans above are (their devices, not the owner's)
         for v in violations:
-            plans.append(
-                plan_eviction(snapshot, v.owner, v.devices, self._pods, self._runtime, reason=v.reason, at=now)
-            )
+            plan = plan_eviction(snapshot, v.owner, v.devices, self._pods, self._runtime, reason=v.reason, at=now)
+            if plan.victims and all(
+                self.evictor.stopped_lately(victim.container_ids, STALE_VIEW) for victim in plan.victims
+            ):
+                continue  # a view read before an eviction's pod deletions: its users are dead already
+            plans.append(plan)
             state = self._owners.get(v.owner) if isinstance(v.owner, ContainerRef) else None
             if state is not None:
                 self._feed(state, lending.Violation(v.reason), now, started)
@@ -336,7 +379,8 @@ class Solver(SolverLookups):
                     self._feed(self._owners[owner], lending.ArmFailed(), now, effects)
                     return  # the loan does not happen: skip the rest of its actions
             elif isinstance(action, lending.Disarm):
-                self.guards.disarm(owner)
+                if effects.released != owner:
+                    self.guards.disarm(owner)
             elif isinstance(action, lending.Persist):
                 if i + 1 < len(actions):
                     self.persist()  # on disk before what follows (a lend: before the twins turn Healthy)
@@ -430,46 +474,55 @@ class Solver(SolverLookups):
 
     def owner_back(self, owner: ContainerRef) -> EvictionOutcome | None:
         """The guard caught ``owner`` starting a GPU session: evict at once (no poll wait)."""
-        now = self.clock.monotonic()
-        effects = _Effects()
-        with self.lock:
-            state = self._owners.get(owner)
-            if state is None or state.state is LendState.ACTIVE:
-                log.info("guard: owner %s is back but nothing is lent; releasing its call", owner)
-            if state is None:
-                self.guards.disarm(owner)
-                return None
-            self._feed(state, lending.GuardSignal(), now, effects)
-            self._flush_locked(effects)  # twins Unhealthy first: no new spot container gets these GPUs now
-        self._after(effects)
-        if not effects.evicts:
-            return None  # not lent, or an eviction is already running (it releases the guard when done)
-        return self._owner_eviction(effects.evicts[0])
+        ticket = self.returns.enter()
+        try:
+            now = self.clock.monotonic()
+            effects = _Effects()
+            with self.lock:
+                state = self._owners.get(owner)
+                if state is None or state.state is LendState.ACTIVE:
+                    log.info("guard: owner %s is back but nothing is lent; releasing its call", owner)
+                if state is None:
+                    self.guards.disarm(owner)
+                    return None
+                self._feed(state, lending.GuardSignal(), now, effects)
+                self._flush_locked(effects)  # twins Unhealthy first: no new spot container gets these GPUs now
+            self._after(effects)
+            if not effects.evicts:
+                return None  # not lent, or an eviction is already running (it releases the guard when done)
+            return self._owner_eviction(effects.evicts[0])
+        finally:
+            ticket.leave()
 
     def _owner_eviction(self, evict: lending.Evict) -> EvictionOutcome:
-        """Plan (from a fresh pod-resources read) and run an eviction the state machine started."""
-        fresh = self._fresh_snapshot()
+        """Plan (from a fresh pod-resources read, with the container IDs the pod watch knows
+        now) and run an eviction the state machine started."""
+        allocations = self._fresh_allocations()
+        live = {p.ref: p for p in self.live_pods()} if self.live_pods is not None else {}
         with self.lock:
+            snapshot = self._build(allocations).snapshot if allocations is not None else self.mapping.snapshot()
             plan = plan_eviction(
-                fresh or self.mapping.snapshot(),
+                snapshot,
                 evict.owner,
                 evict.devices,
-                self._pods,
+                {**self._pods, **live},  # a container ID the watch reported since the last refresh
                 self._runtime,
                 reason=evict.reason,
                 at=evict.at,
             )
-        log.info(
-            "owner %s %s on devices %s: evicting %d spot pod(s)",
-            evict.owner,
-            f"is back ({evict.source.value})" if evict.source is not None else f"({evict.reason.value})",
-            list(plan.devices),
-            len(plan.victims),
-        )
-        return self._run_eviction(plan)
+        outcome = self._run_eviction(plan)
+        with normal_priority():
+            log.info(
+                "owner %s %s on devices %s: evicted %d spot pod(s)",
+                evict.owner,
+                f"is back ({evict.source.value})" if evict.source is not None else f"({evict.reason.value})",
+                list(outcome.plan.devices),
+                len(outcome.plan.victims),
+            )
+        return outcome
 
-    def _fresh_snapshot(self) -> MappingSnapshot | None:
-        """The mapping from a pod-resources read made now, or None (no reader, or it failed).
+    def _fresh_allocations(self) -> Sequence[AllocatedDevices] | None:
+        """A pod-resources read made now, or None (no reader, or it failed).
 
         The cache is only as fresh as the last refresh (up to ``detectInterval`` old); a spot
         container that started since then would be missing from an eviction planned from it.
@@ -478,12 +531,10 @@ class Solver(SolverLookups):
         if self.fresh_allocations is None:
             return None
         try:
-            allocations = self.fresh_allocations()
+            return self.fresh_allocations()
         except Exception as exc:  # never leave an owner stuck in 'evicting': plan from the cache
             log.warning("re-reading pod-resources before an eviction failed (planning from the cache): %s", exc)
             return None
-        with self.lock:
-            return self._build(allocations).snapshot
 
     def _build(self, allocations: Sequence[AllocatedDevices]) -> MappingBuild:
         """The mapping ``allocations`` imply with the current devices and pods; caller holds the lock."""
@@ -499,37 +550,47 @@ class Solver(SolverLookups):
 
     def _run_eviction(self, plan: EvictionPlan) -> EvictionOutcome:
         try:
-            outcome = self.evictor.evict(plan, self.settings.eviction, lambda: self._release(plan.owner))
+            outcome = self.evictor.evict(
+                plan,
+                self.settings.eviction,
+                lambda: self._release(plan.owner),
+                lambda: self._eviction_done(plan.owner),
+            )
         finally:
-            with self.lock:
+            with normal_priority(), self.lock:  # after the release (or a failure): nobody waits on this
                 self._evicting.discard(plan.owner)  # from here on, leftover users are violations again
                 self.publish_locked()
-        self.persist()
-        self.annotate()
-        if self.on_eviction is not None:
-            self.on_eviction(outcome)
+        with normal_priority():
+            self.persist()
+            self.annotate()
+            if self.on_eviction is not None:
+                self.on_eviction(outcome)
         return outcome
 
     def _release(self, owner: Owner) -> float:
-        """The owner is active again (its twins stay Unhealthy) and the guard lets its call go.
+        """The guard lets the owner's held call go (no lock of ours: nothing the owner waits on
+        waits behind a detection cycle); :meth:`_eviction_done` follows at once."""
+        if isinstance(owner, ContainerRef):
+            self.guards.disarm(owner)
+        return self.clock.monotonic()
 
-        The lending record is written right after the release, not before: no file I/O on the
+    def _eviction_done(self, owner: Owner) -> None:
+        """The owner is active again (its twins stay Unhealthy; its guard was disarmed by
+        :meth:`_release`).
+
+        The lending record is written after the release, not before: no file I/O on the
         owner's wait. A crash in between leaves the owner recorded as lent; the next start then
         lends it again with the guard armed, and either its first detection round sees the
         owner on its GPUs (evicted before the device plugin registers) or the guard catches its
         next session start: a stale record costs a loan, never an unprotected owner."""
-        effects = _Effects()
+        effects = _Effects(released=owner)
         with self.lock:
             state = self._owners.get(owner) if isinstance(owner, ContainerRef) else None
             if state is not None:
                 self._feed(state, lending.EvictionDone(), self.clock.monotonic(), effects)
-            elif isinstance(owner, ContainerRef):
-                self.guards.disarm(owner)
-            released_at = self.clock.monotonic()
             effects.publish = True
             self._flush_locked(effects)
         self._after(effects)
-        return released_at
 
     # -- publishing ------------------------------------------------------------------------------
     def _view(self, *, use: bool) -> NodeView:

@@ -1,8 +1,8 @@
 """The probes behind ``spotgpu bench returnpath`` (:mod:`spotgpu.bench.returnpath`).
 
-Holds the sources of two static C helpers (built by the benchmark with
-:mod:`spotgpu.testing.cbuild`): an exit watcher at ``SCHED_FIFO`` that timestamps each victim's
-exit through pidfds, and a kill-and-wait helper for the ``helper-pinned`` variant. Side effects:
+Holds the source of a static C kill-and-wait helper for the ``helper-pinned`` variant (built by
+the benchmark with :mod:`spotgpu.testing.cbuild`); the victims' exits are timestamped by
+:class:`spotgpu.testing.exitwatch.ExitWatcher`. Side effects:
 starts them, signals the victims (the direct strategies), reads ``/proc/*/cmdline`` and
 ``/proc/<pid>/task/*/schedstat``.
 
@@ -30,12 +30,15 @@ from typing import Any
 
 from spotgpu.adapters import pidkill
 from spotgpu.adapters.containerd import ContainerdTasks
+from spotgpu.adapters.pidpins import Pinned, PinTable
+from spotgpu.agent.evictor import EvictionExecutor
 from spotgpu.ports.node import TaskState, TaskStopResult
 from spotgpu.testing.containerd import Containerd
 from spotgpu.testing.fakes import FakeGuard
 
-SHIPPED = ("containerd", "containerd-wait", "kill-rpc")
+SHIPPED = ("containerd-pinned", "containerd", "containerd-wait", "kill-rpc")
 """Strategies that run :meth:`ContainerdTasks.stop_tasks` itself."""
+PIDFD_VERIFIED = ("containerd-pinned", "containerd")
 
 _C_COMMON = r"""
 #define _GNU_SOURCE
@@ -53,33 +56,6 @@ static long long now_ns(void) {
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 """
-
-WATCHER_C = (
-    _C_COMMON
-    + r"""
-/* watcher TIMEOUT_MS PID...: SCHED_FIFO 50; pidfd per PID; "ready"; then "<pid> <ns>" per exit. */
-int main(int argc, char **argv) {
-    struct sched_param sp = {.sched_priority = 50};
-    int n = argc - 2, left = 0, timeout = atoi(argv[1]);
-    struct pollfd *p = calloc(n > 0 ? n : 1, sizeof *p);
-    if (sched_setscheduler(0, SCHED_FIFO, &sp) != 0) fprintf(stderr, "no SCHED_FIFO\n");
-    for (int i = 0; i < n; i++) {
-        p[i].fd = (int)syscall(SYS_pidfd_open, atoi(argv[i + 2]), 0);
-        p[i].events = POLLIN;
-        if (p[i].fd >= 0) left++; else printf("%s gone\n", argv[i + 2]);
-    }
-    printf("ready\n");
-    fflush(stdout);
-    while (left > 0 && poll(p, n, timeout) > 0) {
-        long long t = now_ns();
-        for (int i = 0; i < n; i++)
-            if (p[i].fd >= 0 && p[i].revents) { printf("%s %lld\n", argv[i + 2], t); p[i].fd = -1; left--; }
-    }
-    fflush(stdout);
-    return 0;
-}
-"""
-)
 
 KILLER_C = (
     _C_COMMON
@@ -142,7 +118,11 @@ class Probe:
         gc.callbacks.append(self._on_gc)
 
     def on_guard_thread(self) -> bool:
-        return threading.get_ident() == self.guard_thread
+        """On the return's path: the guard's thread, or the agent's eviction executor it hands
+        the eviction to (detection cycles run on neither)."""
+        return threading.get_ident() == self.guard_thread or threading.current_thread().name.startswith(
+            EvictionExecutor.PREFIX
+        )
 
     def close(self) -> None:
         gc.callbacks.remove(self._on_gc)
@@ -176,14 +156,26 @@ class ProbedTasks(ContainerdTasks):
     """The agent's containerd task port with the stop strategy of one variant and probes."""
 
     def __init__(self, address: str, namespace: str, probe: Probe, helper: Helper | None) -> None:
-        super().__init__(address, namespace)
+        super().__init__(address, namespace, pin_pidfds=False)
         self.probe = probe
         self.helper = helper
-        self.strategy = "containerd"
+        self._strategy = "containerd"
         self.boost = False
         self._notify = ThreadPoolExecutor(1, thread_name_prefix="bench-notify")
         self.pinned: dict[str, tuple[int, int]] = {}
         """Container ID -> (init PID, pidfd), opened before the signal (``*-pinned``)."""
+
+    @property
+    def strategy(self) -> str:
+        return self._strategy
+
+    @strategy.setter
+    def strategy(self, name: str) -> None:
+        """Set before the agent starts: ``containerd-pinned`` pins what the agent's refreshes name."""
+        self._strategy = name
+        if self.pins is not None:
+            self.pins.close()
+        self.pins = PinTable(self._init_pids) if name == "containerd-pinned" else None
 
     def close(self) -> None:
         self._notify.shutdown(wait=True)
@@ -196,8 +188,8 @@ class ProbedTasks(ContainerdTasks):
             future.add_done_callback(lambda _f: marks.wait_done.append(time.monotonic_ns()))
         return future
 
-    def _signal_inits(self, container_ids: list[str]) -> dict[str, tuple[bool, int]]:
-        signalled = {} if self.strategy == "kill-rpc" else super()._signal_inits(container_ids)
+    def _kill_now(self, container_ids: list[str], pinned: set[str]) -> dict[str, Pinned]:
+        signalled = {} if self.strategy == "kill-rpc" else super()._kill_now(container_ids, pinned)
         if self.probe.on_guard_thread():
             self.probe.marks.killed = time.monotonic_ns()
         return signalled
@@ -208,7 +200,7 @@ class ProbedTasks(ContainerdTasks):
         marks = self.probe.marks
         marks.stop_enter = time.monotonic_ns()
         if self.strategy in SHIPPED:
-            self.verify_by_pidfd = self.strategy == "containerd"
+            self.verify_by_pidfd = self.strategy in PIDFD_VERIFIED
             results = super().stop_tasks(container_ids, grace=grace, timeout=timeout)
             marks.reported = max(marks.wait_done, default=time.monotonic_ns())
         else:
@@ -315,32 +307,15 @@ def rq_wait_delta(before: dict[int, int], after: dict[int, int]) -> int:
     return sum(v - before.get(t, 0) for t, v in after.items())
 
 
-def watch(binary: Path, pids: Sequence[int]) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([str(binary), "20000", *map(str, pids)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    if proc.stdout.readline().strip() != "ready":
-        proc.kill()
-        raise RuntimeError("the exit watcher did not start")
-    return proc
-
-
-def deaths(proc: subprocess.Popen[str]) -> list[int]:
-    out, _ = proc.communicate(timeout=30)
-    return [int(line.split()[1]) for line in out.splitlines() if len(line.split()) == 2 and line.split()[1].isdigit()]
-
-
 __all__ = [
     "KILLER_C",
     "SHIPPED",
-    "WATCHER_C",
     "Helper",
     "Marks",
     "Probe",
     "ProbedTasks",
     "TimedGuard",
-    "deaths",
     "rq_wait",
     "rq_wait_delta",
     "runtime_pids",
-    "watch",
 ]

@@ -12,12 +12,16 @@ probes themselves are in :mod:`spotgpu.bench.probes`.
 
 Variants (``--variants``; each a stop strategy, optionally with a modifier):
 
-* ``containerd-wait``: :meth:`ContainerdTasks.stop_tasks` as it runs by default: a Wait on
-  every task issued first, each init's PID from containerd's ``Tasks.Get``, SIGKILLed through
-  a pidfd, each stop verified by containerd's Wait answer.
+* ``containerd-wait``: :meth:`ContainerdTasks.stop_tasks` as it ran before issue 15
+  (``verify_by_pidfd=False``, no pins): a Wait on every task issued first, each init's PID from
+  containerd's ``Tasks.Get``, SIGKILLed through a pidfd, each stop verified by containerd's Wait
+  answer.
 * ``containerd``: the same with ``verify_by_pidfd=True``: an init that is its PID namespace's
   init is verified by its pidfd turning readable, no Wait for it; containerd's ``Kill(all)``
-  follows off the path.
+  follows after the release.
+* ``containerd-pinned``: :meth:`ContainerdTasks.stop_tasks` as it runs by default: as
+  ``containerd`` with the spot containers' processes pinned by the agent's refreshes
+  (:meth:`ContainerdTasks.pin`), so no ``Tasks.Get`` comes before the kill.
 * ``kill-rpc``: as ``containerd-wait`` with containerd's ``Kill(all)`` per task instead of the
   direct signal (the path before that): one ``runc kill`` process per task.
 * ``pidfd-get``: PIDs from ``Tasks.Get``, SIGKILLed through pidfds
@@ -29,10 +33,13 @@ Variants (``--variants``; each a stop strategy, optionally with a modifier):
   helper process (C, built with :mod:`spotgpu.testing.cbuild`), told the PIDs over a pipe.
 * modifiers: ``+boost`` (direct strategies) raises each victim to nice -20 right after its
   SIGKILL is queued (it runs no more user code then, only its exit); ``+rr`` runs the guard's
-  thread (which runs the eviction) at ``SCHED_RR`` 10 for the whole measurement; ``+nice`` at
-  nice -10; ``+detect`` runs detection cycles back to back on another thread meanwhile (GIL and
+  thread and the agent's eviction executor (``agent.eviction.realtime``, off otherwise) at
+  ``SCHED_RR`` 10 for the whole measurement; ``+nice`` the guard's thread at nice -10;
+  ``+detect`` runs detection cycles back to back on another thread meanwhile (GIL and
   solver-lock contention; an upper bound: a real agent runs one cycle per ``detectInterval``);
-  ``+switch`` sets Python's GIL switch interval to 0.5 ms (default 5 ms) during the measurement.
+  ``+defer`` lets those cycles wait while the return is in flight (``agent.eviction.
+  deferDetection``, off otherwise); ``+switch`` sets Python's GIL switch interval to 0.5 ms
+  (default 5 ms) during the measurement.
 
 Per return, times from the owner-back signal (monotonic, ms): ``wake`` (the guard's thread
 woke), ``plan`` (stop_tasks entered: lock, twins Unhealthy, fresh pod-resources read, plan),
@@ -65,30 +72,28 @@ from pathlib import Path
 from typing import Any
 
 from spotgpu.adapters import pidkill
-from spotgpu.agent.service import Agent
 from spotgpu.bench import agent as bench_agent
 from spotgpu.bench import env
 from spotgpu.bench.probes import (
     KILLER_C,
     SHIPPED,
-    WATCHER_C,
     Helper,
     Marks,
     Probe,
     ProbedTasks,
     TimedGuard,
-    deaths,
     rq_wait,
     rq_wait_delta,
     runtime_pids,
-    watch,
 )
+from spotgpu.core.config import EvictionConfig
 from spotgpu.testing.cbuild import compile_static
 from spotgpu.testing.containerd import Containerd
+from spotgpu.testing.exitwatch import ExitWatcher
 from spotgpu.testing.fakes import FakeGuard
 
 STRATEGIES = (*SHIPPED, "pidfd-get", "pidfd-pinned", "helper-pinned")
-MODIFIERS = ("rr", "nice", "detect", "boost", "switch")
+MODIFIERS = ("rr", "nice", "detect", "defer", "boost", "switch")
 DEFAULT_VARIANTS = "containerd-wait,containerd,containerd+rr,containerd+detect,pidfd-pinned,pidfd-pinned+rr"
 STAGES = ("wake", "plan", "signal", "die", "report", "collect", "release")
 
@@ -102,6 +107,7 @@ class Variant:
     rr: bool = False
     nice: bool = False
     detect: bool = False
+    defer: bool = False
     boost: bool = False
     switch: bool = False
 
@@ -145,27 +151,6 @@ class GuardThread(bench_agent.GuardThread):
 
 
 @contextlib.contextmanager
-def detect_loop(agent: Agent, on: bool) -> Iterator[None]:
-    """Detection cycles back to back on their own thread while the block runs."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            agent.detect_once(reconcile=True)
-
-    thread = threading.Thread(target=loop, name="bench-detect", daemon=True)
-    if on:
-        thread.start()
-        time.sleep(0.05)
-    try:
-        yield
-    finally:
-        stop.set()
-        if on:
-            thread.join(30)
-
-
-@contextlib.contextmanager
 def switch_interval(short: bool) -> Iterator[None]:
     """Python's GIL switch interval at 0.5 ms while the block runs (when ``short``)."""
     default = sys.getswitchinterval()
@@ -183,7 +168,7 @@ class Context:
     node: bench_agent.Node
     tasks: ProbedTasks
     probe: Probe
-    watcher: Path
+    watcher: ExitWatcher
     settle: float
 
 
@@ -196,23 +181,25 @@ def one_return(ctx: Context, tag: str, count: int, load: int, variant: Variant) 
         guard = TimedGuard(ctx.probe)
         ctx.tasks.strategy = variant.strategy
         ctx.tasks.boost = variant.boost
-        agent, _ = ctx.node.agent(ctx.tasks, cids, guard=guard)
+        switches = EvictionConfig(realtime=variant.rr, defer_detection=variant.defer)
+        agent, _ = ctx.node.agent(ctx.tasks, cids, guard=guard, eviction=switches)
         signaller: GuardThread | None = None
         try:
             pids = [ctx.tasks.init_pid(c) or 0 for c in cids]
             pinned, _ = pidkill.pin(pids)
             ctx.tasks.pinned = {c: (p, pinned[p]) for c, p in zip(cids, pids, strict=True) if p in pinned}
             signaller = GuardThread(guard, ctx.probe, variant)
-            watcher = watch(ctx.watcher, pids)
+            ctx.watcher.watch(pids)
             runtime = runtime_pids(ctx.containerd)
-            with env.background_load(load), detect_loop(agent, variant.detect), switch_interval(variant.switch):
+            detecting = bench_agent.detection_meanwhile(agent, variant.detect)
+            with env.background_load(load), detecting, switch_interval(variant.switch):
                 time.sleep(ctx.settle if load else 0.0)
                 before = (rq_wait([os.getpid()]), rq_wait(runtime))
                 start = time.monotonic()
                 signaller.fire()
                 after = (rq_wait([os.getpid()]), rq_wait(runtime))
             elapsed = time.monotonic() - start
-            ctx.probe.marks.deaths = deaths(watcher)
+            ctx.probe.marks.deaths = [t for t in ctx.watcher.exits(pids, 30).values() if t is not None]
             pidkill.close_all(pinned)
         finally:
             if signaller is not None:
@@ -300,7 +287,7 @@ def summarize(records: Sequence[dict[str, Any]], baseline: Sequence[dict[str, An
 
 
 def measure(args: argparse.Namespace, base: Path) -> dict[tuple[int, int, str], list[dict[str, Any]]]:
-    watcher = compile_static(WATCHER_C, base / "bin", "exitwatch")
+    watcher = ExitWatcher(base / "bin")
     killer = compile_static(KILLER_C, base / "bin", "pidkiller")
     variants: list[Variant] = args.variants
     cells = list(itertools.product(args.containers, args.background_load))
@@ -325,6 +312,7 @@ def measure(args: argparse.Namespace, base: Path) -> dict[tuple[int, int, str], 
                 tasks.close()
     finally:
         probe.close()
+        watcher.close()
         if helper is not None:
             helper.close()
     return records

@@ -55,6 +55,7 @@ import grpc
 
 from spotgpu.adapters.proto import containerd_tasks_pb2 as tpb
 from spotgpu.adapters.proto import containerd_tasks_pb2_grpc as tpb_grpc
+from spotgpu.bench import env
 from spotgpu.core import keys
 from spotgpu.core.mapping_cache import MappingCache
 from spotgpu.core.refs import ContainerRef
@@ -99,6 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--containerd", choices=["1.6", "2.2"], default="1.6", help="with --cri (default 1.6)")
     parser.add_argument("--mode", choices=["wrapper", "nri"], default="wrapper", help="with --cri (default wrapper)")
+    env.add_arguments(parser)
 
 
 def _spot_annotations() -> dict[str, str]:
@@ -330,9 +332,6 @@ def _result(samples: dict[str, list[float]], per_call: float, runs: int, extra: 
         result["sync_local_added_ms"] = added("sync_local")
         result["python_every_verb_added_ms"] = added("python_every_verb")
     result["meets_targets"] = {k: result[k] <= v for k, v in TARGETS.items()}
-    from spotgpu.bench.runtime_cri import environment
-
-    result["environment"] = environment()
     return result
 
 
@@ -351,10 +350,19 @@ def run(args: argparse.Namespace) -> int:
     if args.nice:
         os.nice(args.nice)
     base = Path(tempfile.mkdtemp(prefix="spotgpu-bench-runtime-"))
+    before = env.load_average()
     try:
-        result = measure(base, args.runs, args.warmup, not args.no_extra)
+        with env.background_load(args.background_load):
+            result = measure(base, args.runs, args.warmup, not args.no_extra)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+    result["environment"] = env.environment(
+        background_load=args.background_load,
+        load_before=before,
+        load_after=env.load_average(),
+        containerd_binaries=args.containerd_binary,
+        note=f"niceness {os.nice(0)}",
+    )
     print(json.dumps(result, sort_keys=True) if args.json else json.dumps(result, indent=2, sort_keys=True))
     return 0
 

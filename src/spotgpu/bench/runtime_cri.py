@@ -18,28 +18,28 @@ Variants, each one container created and started in a pod that already runs (the
 
 Rounds run every variant once, in rotating order; each added figure is the median of the
 per-round differences against ``plain`` of the same round, so slow drift cancels. The output
-carries the environment (cores, load average before and after, kernel, runc and containerd
-versions, the git revision).
+carries the environment block of :func:`spotgpu.bench.env.environment` (cores, load average
+before and after, kernel, runc and containerd versions, the background load, the git revision);
+``--background-load N`` runs N busy loops while the rounds run.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from spotgpu.bench import env
 from spotgpu.bench.runtime import iqr_ms, median_ms
 from spotgpu.core.ids import SPOT_GPU_RESOURCE
 from spotgpu.core.refs import ContainerRef
 from spotgpu.testing.cri import ContainerSpec, KubeletCri, PodSpec, RunningPod
-from spotgpu.testing.cri_containerd import Binaries, binaries, repo_root
+from spotgpu.testing.cri_containerd import binaries
 from spotgpu.testing.cri_rig import CriRig, Mode
 from spotgpu.testing.images import busybox_image, pause_image
 
@@ -48,30 +48,6 @@ TARGETS: Final[dict[str, dict[str, float]]] = {
     "nri": {"passthrough_added_ms": 3.0, "sync_added_ms": 15.0},
 }
 OWNER: Final = ContainerRef("bench", "dev-box", "main")
-
-
-def _first_line(argv: list[str]) -> str:
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False).stdout
-    except OSError:
-        return ""
-    return out.strip().splitlines()[0] if out.strip() else ""
-
-
-def environment(containerd: Binaries | None = None) -> dict[str, Any]:
-    """Where a figure was measured: cores, load, kernel, runtime versions, the git revision."""
-    root = repo_root()
-    revision = _first_line(["git", "-C", str(root), "rev-parse", "HEAD"]) if (root / ".git").exists() else ""
-    return {
-        "cores": os.cpu_count(),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "runc": _first_line(["runc", "--version"]),
-        "containerd": _first_line([containerd.containerd if containerd else "containerd", "--version"]),
-        "git_revision": revision,
-        "niceness": os.nice(0),
-    }
 
 
 class _Variant:
@@ -159,15 +135,18 @@ def rounds(chosen: dict[str, _Variant], runs: int, warmup: int) -> dict[str, lis
     return samples
 
 
-def measure(base: Path, version: str, mode: Mode, runs: int, warmup: int) -> dict[str, Any]:
+def measure(
+    base: Path, version: str, mode: Mode, runs: int, warmup: int, *, background_load: int = 0
+) -> dict[str, Any]:
     build = binaries(version)  # type: ignore[arg-type]
     images = [pause_image(base / "images"), busybox_image(base / "images")]
-    before = environment(build)
+    before = env.load_average()
     rig = CriRig(base / "node", build, mode, images)
     try:
         rig.start()
         rig.owner(OWNER, ["GPU-0", "GPU-1"])
-        samples = rounds(variants(rig), runs, warmup)
+        with env.background_load(background_load):
+            samples = rounds(variants(rig), runs, warmup)
         assert rig.cri is not None
         version_answer = rig.cri.version()
     finally:
@@ -189,9 +168,14 @@ def measure(base: Path, version: str, mode: Mode, runs: int, warmup: int) -> dic
         "runs": runs,
         "warmup": warmup,
         "targets": targets,
-        "environment": {**before, "load_average_after": [round(x, 2) for x in os.getloadavg()]},
+        "environment": env.environment(
+            background_load=background_load,
+            load_before=before,
+            load_after=env.load_average(),
+            containerd_binaries=[build.containerd],
+            note=f"niceness {os.nice(0)}",
+        ),
     }
-    result["environment"]["load_average_before"] = result["environment"].pop("load_average")
     result["meets_targets"] = {k: result[k] <= v for k, v in targets.items()}
     return result
 
@@ -210,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
         os.nice(args.nice)
     base = Path(tempfile.mkdtemp(prefix="sg-bench-cri-", dir="/tmp"))
     try:
-        result = measure(base, args.containerd, args.mode, args.runs, args.warmup)
+        result = measure(base, args.containerd, args.mode, args.runs, args.warmup, background_load=args.background_load)
     except FileNotFoundError as exc:
         print(f"spotgpu bench runtime --cri: {exc}", file=sys.stderr)
         return 2
@@ -222,4 +206,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["TARGETS", "environment", "measure", "run", "variants"]
+__all__ = ["TARGETS", "measure", "run", "variants"]

@@ -55,7 +55,7 @@ def guard_factory(
         return None
 
     def make(handler: Callable[[ContainerRef], None]) -> GuardPort:
-        guard: GuardPort = service(config.guard, handler, registry=registry)
+        guard: GuardPort = service(config.guard, handler, registry=registry, realtime=config.eviction.realtime)
         return guard
 
     return make

@@ -2,11 +2,15 @@
 spotgpu-runtime, agent and guard (root). See docs/node-e2e.md.
 
 Side effects: everything :class:`spotgpu.e2e.node.Node` starts, under a private temporary
-directory that is removed at the end (``--keep``, or a failed run, keeps it with every log). Prints progress and
-one line per fault on stderr, the figures as JSON on stdout (``--json``: only the JSON object).
-Exit status: 0 when every correctness check passed (no leaked container, no owner error, every
-fault survived), 1 otherwise, 2 when the machine cannot run it. The latency targets are
-reported (``met``) but do not decide the exit status: they depend on the machine's load.
+directory that is removed at the end (``--keep``, or a failed run, keeps it with every log);
+with ``--background-load N``, N busy-loop processes (:mod:`spotgpu.bench.env`) while the
+cycles and faults run. Prints progress and one line per fault on stderr, the figures as JSON
+on stdout (``--json``: only the JSON object; ``--out FILE``: also into FILE), with the
+environment block (cores, load averages before and after, kernel, runc and containerd
+versions, the background load, the git revision). Exit status: 0 when every correctness check
+passed (no leaked container, no owner error, every fault survived), 1 otherwise, 2 when the
+machine cannot run it. The latency targets are reported (``met``) but do not decide the exit
+status: they depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from spotgpu.bench import env
 
 NEEDED = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "gcc")
 
@@ -59,6 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="wrapper",
         help="spotgpu-runtime as the containerd runtime handler, or the agent's NRI plugin (2.2) (default wrapper)",
     )
+    parser.add_argument("--out", type=Path, help="also write the JSON object to this file")
+    env.add_arguments(parser)
 
 
 def _check_machine() -> str | None:
@@ -97,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from spotgpu.e2e.faults import run_faults
     from spotgpu.e2e.node import Node, NodeSettings
-    from spotgpu.e2e.run import TARGETS, Run, run_cycles, summarize
+    from spotgpu.e2e.run import Run, run_cycles, summarize, targets
 
     logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per API request
     settings = NodeSettings(
@@ -117,17 +125,19 @@ def run(args: argparse.Namespace) -> int:
     base = Path(tempfile.mkdtemp(prefix="sg-e2e-", dir="/tmp"))  # short: unix socket paths
     node = Node(base, settings)
     began = time.monotonic()
+    load_before = env.load_average()
     result: dict[str, Any]
     try:
         node.start()
         say(f"node up in {time.monotonic() - began:.1f} s ({base})")
         driver = Run(node, say)
-        records = run_cycles(driver, args.cycles)
-        result = summarize(records, settings)
-        if args.faults:
-            outcomes = run_faults(driver)
-            result["faults"] = [{"name": o.name, "passed": o.passed, "detail": o.detail} for o in outcomes]
-            result["faults_passed"] = all(o.passed for o in outcomes)
+        with env.background_load(args.background_load):
+            records = run_cycles(driver, args.cycles)
+            result = summarize(records, settings)
+            if args.faults:
+                outcomes = run_faults(driver)
+                result["faults"] = [{"name": o.name, "passed": o.passed, "detail": o.detail} for o in outcomes]
+                result["faults_passed"] = all(o.passed for o in outcomes)
     except Exception as exc:
         logging.getLogger("spotgpu.e2e").exception("node-e2e aborted")
         say(f"agent log tail:\n{node.agent.log_tail(40)}")
@@ -136,7 +146,12 @@ def run(args: argparse.Namespace) -> int:
         node.close()
     result["wall_s"] = round(time.monotonic() - began, 1)
     result["node"] = {"launcher": args.launcher, "containerd": args.containerd, "mode": args.mode}
-    result["load_average_1m"] = round(os.getloadavg()[0], 2)
+    result["environment"] = env.environment(
+        background_load=args.background_load,
+        load_before=load_before,
+        load_after=env.load_average(),
+        containerd_binaries=[*_containerd_binaries(args), *args.containerd_binary],
+    )
     ok = "error" not in result and result["leaked_containers"] == 0 and result["owner_errors"] == 0
     ok = ok and not result.get("problems") and result.get("faults_passed", True)
     if args.keep or not ok:
@@ -145,12 +160,26 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(base, ignore_errors=True)
     if "error" not in result:
         hold = result["return_hold_ms_p99"]
-        result["targets"] = TARGETS
+        bars = targets(settings, args.background_load)
+        result["targets"] = bars
         result["met"] = {
-            "return_hold_ms_p99": hold is not None and hold <= TARGETS["return_hold_ms_p99"],
+            "return_hold_ms_p99": hold is not None and hold <= bars["return_hold_ms_p99"],
             "leaked_containers": result["leaked_containers"] == 0,
             "owner_errors": result["owner_errors"] == 0,
         }
     result["passed"] = ok
-    print(json.dumps(result, sort_keys=True) if args.json else json.dumps(result, indent=2, sort_keys=True))
+    text = json.dumps(result, indent=2, sort_keys=True)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    print(json.dumps(result, sort_keys=True) if args.json else text)
     return 0 if ok else 1
+
+
+def _containerd_binaries(args: argparse.Namespace) -> list[Path]:
+    """The containerd 2.2.7 binary the run used (reported in the environment block)."""
+    if args.containerd != "2.2":
+        return []
+    from spotgpu.testing.cri_containerd import containerd22_folder
+
+    folder = containerd22_folder()
+    return [folder / "containerd"] if folder is not None else []

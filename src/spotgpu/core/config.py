@@ -371,6 +371,30 @@ class LendingConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class EvictionConfig:
+    """``agent.eviction``: how the return path stops spot work (docs/agent.md, "The return path
+    on a busy node"). Every switch defaults to the measured fastest safe choice; turning one
+    off restores the earlier behaviour of that step."""
+
+    realtime: bool = True
+    """Run the threads a returning owner waits on (the guard's notification thread, the handler
+    threads it starts, the eviction executor) at ``SCHED_RR`` 10; when the kernel refuses (no
+    ``CAP_SYS_NICE``) that is logged and they run at nice -10, or normal priority. ``false``:
+    normal priority."""
+    pin_pidfds: bool = True
+    """Pin a pidfd of every spot container's init (and, for a container that shares a PID
+    namespace, of each of its processes) while its GPU is lent, so the kill on a return needs
+    no containerd call first; ``false``: the init PIDs are asked from containerd on the return."""
+    verify_by_pidfd: bool = True
+    """Verify a stop by the processes' pidfds turning readable (the kernel's exit: every file,
+    the GPU's among them, closed) and tell containerd after the owner's release; ``false``:
+    wait for containerd's ``Wait`` answer of every task before the release."""
+    defer_detection: bool = True
+    """Detection cycles wait while an eviction runs (they take the solver's lock, the GIL and
+    a CPU the eviction needs)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class AgentConfig:
     """``spotgpu agent --config FILE`` (section ``agent``). Defaults suit a stock kubelet node."""
 
@@ -400,6 +424,8 @@ class AgentConfig:
     plugin_socket_name: str = "spotgpu-spot-gpu.sock"
     eviction_timeout: Seconds = Seconds(10.0)
     """Longest wait for spot tasks to exit after SIGKILL before the eviction reports failure."""
+    eviction: EvictionConfig = dataclasses.field(default_factory=EvictionConfig)
+    """The return path's switches (``eviction``)."""
     twin_replicas: int = 1
     """Twins advertised per real GPU: 1 gives ``spot-<id>`` (one spot container per lent GPU);
     N > 1 gives ``spot-<id>::0`` .. ``::N-1``, so up to N spot containers share one GPU (shared spot).
@@ -467,6 +493,7 @@ __all__ = [
     "AgentConfig",
     "ConfigError",
     "DeviceNodeConfig",
+    "EvictionConfig",
     "GpuBackendKind",
     "ExporterEndpoint",
     "GuardConfig",

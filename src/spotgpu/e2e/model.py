@@ -97,6 +97,8 @@ class Spot:
     twin: DeviceID
     start_ms: float
     pid: int | None = None
+    watched: tuple[int, ...] = ()
+    """Its processes the exit watcher pinned (:class:`spotgpu.testing.exitwatch.ExitWatcher`)."""
 
 
 @dataclass(slots=True)

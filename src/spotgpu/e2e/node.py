@@ -19,6 +19,8 @@ What is real and what stands in:
   Kubernetes client (KubeAgentPort over HTTP), gRPC and ttrpc on unix sockets everywhere;
 * protocol-level doubles (no kubelet, API server or GPU can run here): the kubelet (its CRI
   calls and device manager, pod-resources), an NVIDIA-like device plugin, the API server;
+* checks: a watcher at ``SCHED_FIFO`` (:mod:`spotgpu.testing.exitwatch`) pins every spot
+  process and timestamps its exit as the kernel reports it;
 * stand-ins: "GPUs" are character devices with ``/dev/null``'s numbers (1, 3), exposed in
   containers as ``/dev/nvidia<N>`` (and ``/dev/nvidiactl``); the agent's ``devnode`` backend
   finds GPU processes by their open file descriptors, and their utilization comes from files
@@ -81,6 +83,7 @@ from spotgpu.runtime.config import load_runtime_config
 from spotgpu.runtime.shim import install_shim
 from spotgpu.testing.cgroups import remove_cgroup_tree
 from spotgpu.testing.containerd import Containerd
+from spotgpu.testing.exitwatch import ExitWatcher
 from spotgpu.testing.kubeapi import KubeApiServer
 from spotgpu.testing.kubelet import ContainerDevices, KubeletDouble, VendorDevice, VendorPluginDouble
 
@@ -131,6 +134,8 @@ class Node:
             self.paths.logs / "guard-holder.log",
         )  # fmt: skip
         self.shim: Path | None = None
+        self.exits: ExitWatcher | None = None
+        """The kernel's exit times of the spot processes (started with the node)."""
         self.owner: OwnerClient | None = None
         self.owner_cid = ""
         self.owner_uid = str(uuid.uuid4())
@@ -157,6 +162,7 @@ class Node:
             (self.paths.util / gpu_id(i)).write_text("0\n")
         os.mknod(self.paths.dev / "ctl", 0o666 | stat.S_IFCHR, CONTROL_CHAR_DEVICE)
         self.launcher.prepare(build_client(base / "bin"))
+        self.exits = ExitWatcher(base / "bin")
         self.api.start()
         self.api.put({
             "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
@@ -197,6 +203,7 @@ class Node:
             ("kubelet", self.kubelet.close),
             ("api", self.api.stop),
             ("cgroups", self._remove_cgroups),
+            ("exit watcher", lambda: self.exits.close() if self.exits is not None else None),
         ]
         for name, step in steps:
             try:

@@ -4,7 +4,11 @@ Decisions come from :class:`~spotgpu.guard.policy.GuardPolicy`; this module appl
 Side effects: one loop thread that attaches to the fd holder's control socket, receives copies
 of every owner's notify fds, and answers the calls they catch (CONTINUE at once, or hold);
 short-lived threads that call the agent's :data:`~spotgpu.guard.port.OwnerBackHandler`;
-Prometheus metrics; log lines.
+Prometheus metrics; log lines. With ``realtime`` (the agent's ``agent.eviction.realtime``)
+the loop thread raises its own scheduling priority when it starts
+(:func:`spotgpu.util.priority.raise_thread`: ``SCHED_RR`` 10, or nice -10), and the handler
+threads it starts inherit it: a returning owner's held call is received, handed to the agent
+and answered without waiting behind the node's normal-priority work.
 
 Life of a caught call (see docs/guard.md for the whole design):
 
@@ -44,6 +48,7 @@ from spotgpu.guard.policy import GuardPolicy, Hold, OwnerState, Release, Release
 from spotgpu.guard.port import GuardPort, OwnerBackHandler
 from spotgpu.guard.protocol import Op
 from spotgpu.guard.support import GuardSupport, probe
+from spotgpu.util.priority import Priority, raise_thread
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +100,13 @@ class GuardService:
         support: GuardSupport | None = None,
         clock: Callable[[], float] = time.monotonic,
         reconnect_interval: float = 0.5,
+        realtime: bool = False,
     ) -> None:
         self.config = config
+        self.realtime = realtime
+        """Raise the loop thread's priority (``SCHED_RR`` 10, or nice -10 when refused)."""
+        self.priority: Priority | None = None
+        """What the loop thread got (None until it started, or when not raised)."""
         self._on_owner_back = on_owner_back
         self._support = support
         self._clock = clock
@@ -239,6 +249,8 @@ class GuardService:
 
     # -- the loop --------------------------------------------------------------------------
     def _run(self) -> None:
+        if self.realtime:
+            self.priority = raise_thread()  # the owner-back threads inherit it
         try:
             while not self._stop.is_set():
                 now = self._clock()

@@ -10,7 +10,7 @@ Implementations:
   :class:`spotgpu.testing.fakes.FakeGpuBackend`. A new backend is one module implementing four
   methods.
 * :class:`TaskPort`: :mod:`spotgpu.adapters.containerd` (containerd's Tasks and Containers
-  API over gRPC) and :class:`spotgpu.testing.fakes.FakeTasks`.
+  API over gRPC; also a :class:`PinningTaskPort`) and :class:`spotgpu.testing.fakes.FakeTasks`.
 * :class:`PodResourcesPort`: :class:`spotgpu.adapters.kubelet.PodResourcesView` (kubelet
   pod-resources v1, the same client spotgpu-runtime's service uses) and
   :class:`spotgpu.testing.fakes.FakePodResources`.
@@ -26,10 +26,10 @@ may pass (socket down, timeout) and :class:`~spotgpu.core.errors.PermanentError`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from spotgpu.core.allocations import AllocatedDevices  # re-exported: its home is the core (no adapter -> agent import)
 from spotgpu.core.idle_forecast import EMPTY_HISTORY, NO_BACKOFF, Backoff, IdleHistory
@@ -140,6 +140,22 @@ class TaskPort(Protocol):
         ...
 
 
+@runtime_checkable
+class PinningTaskPort(TaskPort, Protocol):
+    """A task port that can prepare a return (:mod:`spotgpu.adapters.containerd`): it keeps
+    pidfds of the containers a return would stop, and tells the runtime about verified stops
+    only when the owner no longer waits."""
+
+    def pin(self, container_ids: Collection[str]) -> None:
+        """Keep the processes of these containers pinned (a pidfd each), forget the others';
+        never raises (a container not pinned is stopped the slower way)."""
+        ...
+
+    def after_release(self) -> None:
+        """Do the runtime bookkeeping the last stops deferred (the owner was released)."""
+        ...
+
+
 class PidAttributor(Protocol):
     """Host PID -> container: :class:`spotgpu.adapters.procattr.ProcessAttributor` (real /proc)."""
 
@@ -207,6 +223,7 @@ __all__ = [
     "LendStore",
     "LentOwner",
     "PidAttributor",
+    "PinningTaskPort",
     "PodResourcesPort",
     "RuntimeContainer",
     "TaskPort",
