@@ -229,7 +229,8 @@ def check_auto_lends_last(
     drawn: list[tuple[list[tuple[str, int | None, bool]], bool, NodeStrategy, bool]],
     demand: list[tuple[int, int, bool]],
 ) -> None:
-    """On ``auto`` nodes, a spot pod bound to a lent GPU leaves no unallocated room that fits it."""
+    """On ``auto`` nodes, a spot pod that wants no lease and is bound to a lent GPU leaves no
+    unallocated room that fits it, whatever the demand (test_sched_auto.py: pods that want one)."""
     auto = [(gpus, True, NodeStrategy.AUTO, sched) for gpus, _, _, sched in drawn]
     nodes = _nodes(auto)
     gangs = []

@@ -115,6 +115,27 @@ def test_the_lend_rule_by_case() -> None:
         assert lend(g, lending) is expected, g
 
 
+def test_the_unallocated_room_counts_unused_and_partly_used_unallocated_twins_only() -> None:
+    def gpu(owner: object | None = None, milli: int = 0, **kw: object) -> FakeGpu:
+        users = [FakeUser(False, 1000)] if milli else []
+        base: dict[str, object] = {"healthy": True, "twin_ok": True, "nominee": None, "shadow": None, "holder": None}
+        base.update(kw)
+        return FakeGpu(owner=owner, users=users, used_milli=milli, live=len(users), **base)  # type: ignore[arg-type]
+
+    shadow = FakeShadow(deleting=False, nominated=0, new=False, live=True)
+    gpus = [
+        gpu(),  # unused, unallocated: 1000
+        gpu(owner="s", shadow=shadow),  # unused, held by a ShadowPod: 1000
+        gpu(milli=250),  # shared, unallocated: 750 left
+        gpu(owner="o"),  # lent: not unallocated
+        gpu(owner="o", milli=500),  # shared on a lent GPU: not counted
+        gpu(twin_ok=False),  # its twin is not Healthy
+        gpu(nominee="p"),  # nominated for a preemptor
+    ]
+    for split in (False, True):
+        assert summarize(gpus, True, split).unallocated_milli == 2750
+
+
 @settings(max_examples=60)
 @given(
     nodes=st.lists(node_spec, min_size=1, max_size=4),
@@ -144,5 +165,6 @@ def test_the_index_agrees_with_the_rules_mid_cycle(
         assert summarize(ns.gpus, ns.node.lending, ns.node.strategy is NodeStrategy.AUTO) == ref
         if ns.cls is not None:
             assert (ns.cls.free, ns.cls.spot_unallocated, ns.cls.spot_lent, ns.cls.partials) == ref[:4]
+            assert ns.room == ref.unallocated_milli  # what the auto strategy's demand rule counts
     stmt.discard()
     state.dispose()

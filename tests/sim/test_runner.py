@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,9 @@ import pytest
 import yaml
 
 from spotgpu.cli import main
-from spotgpu.scheduler import CycleResult, SchedulerConfig, Snapshot, VictimScale
+from spotgpu.core.types import NodeStrategy
+from spotgpu.scheduler import CycleResult, SchedulerConfig, Snapshot, VictimScale, demand
+from spotgpu.scheduler.state import ClusterState
 from spotgpu.sim.progress import Progress
 from spotgpu.sim.report import render_html, summary_table, write_outputs
 from spotgpu.sim.runner import simulate
@@ -94,10 +97,11 @@ def test_another_seed_gives_another_run(small: Any, result: Any) -> None:
 
 
 def test_trimmed_snapshots_decide_like_full_ones(small: Any) -> None:
-    """Leaving out nodes that cannot take part changes no decision (pending gangs all offered)."""
+    """Leaving out nodes that cannot take part changes no decision (pending gangs all offered);
+    also for the recommended policy, whose ``auto`` rule judges the demand cycle-wide."""
     scenario = small.resized(nodes=12, duration=6 * 3600.0)
     workload = build_workload(scenario)
-    for policy in (scenario.policies[0], scenario.policies[2]):
+    for policy in (scenario.policies[0], scenario.policies[2], scenario.policies[-1]):
         trimmed = run_policy(scenario, workload, policy, Hooks(trim_snapshots=True, cap_pending=False))
         full = run_policy(scenario, workload, policy, Hooks(trim_snapshots=False))
         assert trimmed.summary == {**full.summary, "invariant_checks": trimmed.summary["invariant_checks"]}
@@ -135,6 +139,40 @@ def test_trimmed_snapshots_carry_the_cluster_wide_victim_scale(small: Any) -> No
     run = sim.run()
     assert len(checked) == run.summary["scheduler_cycles"] > 50
     assert run.summary["evictions"].get("ReservedPreempt", 0) > 0
+
+
+def test_trimmed_snapshots_carry_the_demand_and_room_they_leave_out(small: Any) -> None:
+    """The ``auto`` rule compares the pending demand with the unallocated room cycle-wide; a
+    trimmed snapshot leaves pending gangs (not offered) and nodes out, so it carries their part
+    (``Snapshot.spot_outside``). Checked at every cycle against the full snapshot of the same
+    moment, as the scheduler reads both; without it the rule would judge otherwise in many cycles."""
+    scenario = small
+    policy = scenario.policies[-1]
+    assert policy.recommended and policy.strategy is NodeStrategy.AUTO
+    flips: list[float] = []
+    sim: Simulation | None = None
+
+    def scheduler(snapshot: Snapshot, config: SchedulerConfig, now: float) -> CycleResult:
+        assert sim is not None
+        hooks = sim.hooks
+        sim.hooks = replace(hooks, trim_snapshots=False)
+        full = sim.snapshots.build()
+        sim.hooks = hooks
+        assert full is not None and snapshot.spot_outside is not None and full.spot_outside is None
+        trimmed_state, full_state = ClusterState.build(snapshot, now), ClusterState.build(full, now)
+        assert demand.pending(trimmed_state) == demand.pending(full_state), now
+        assert demand.room(trimmed_state) == demand.room(full_state), now
+        alone = ClusterState.build(replace(snapshot, spot_outside=None), now)
+        judged = demand.fits(demand.pending(full_state), demand.room(full_state), None)
+        if demand.fits(demand.pending(alone), demand.room(alone), None) != judged:
+            flips.append(now)
+        for state in (trimmed_state, full_state, alone):
+            state.dispose()
+        return real_scheduler(snapshot, config, now)
+
+    sim = Simulation(scenario, build_workload(scenario), policy, Hooks(scheduler=scheduler))
+    sim.run()
+    assert len(flips) > 10
 
 
 def test_report_files(result: Any, tmp_path: Path) -> None:

@@ -140,11 +140,13 @@ def test_the_scheduler_sees_the_published_forecasts_and_min_leases_are_covered()
     assert lent_binds > 0  # lease jobs did run on lent GPUs, where the forecast covered them
 
 
-@pytest.mark.parametrize("seed", [2, 5])
-def test_trimmed_snapshots_decide_like_full_ones_with_forecasts_and_min_leases(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "checkpoint"), [(2, "20m"), (5, "20m"), (2, "45m")])
+def test_trimmed_snapshots_decide_like_full_ones_with_forecasts_and_min_leases(seed: int, checkpoint: str) -> None:
     """Without the forecast buckets in the node kinds, or without the leases each lent GPU
-    covers, trimmed runs of this scenario decide otherwise (checked when this test was written)."""
-    s = scenario(seed=seed)
+    covers, trimmed runs of this scenario decide otherwise (checked when this test was written);
+    with a checkpoint interval between two bucket bounds (45 min), also without the wants each
+    lent GPU covers (the ``auto`` policy's covering try compares them with the exact ``p20``)."""
+    s = scenario(seed=seed, checkpointInterval=checkpoint)
     workload = build_workload(s)
     assert any(j.min_lease > 0 for j in workload.jobs) and any(j.spot and not j.min_lease for j in workload.jobs)
     for policy in s.policies:

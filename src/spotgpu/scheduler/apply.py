@@ -185,6 +185,7 @@ class ModelApplier:
             tuple(self.pods.values()),
             tuple(self.shadows.values()),
             self.base.victim_scale,
+            self.base.spot_outside,
         )
 
 

@@ -18,6 +18,19 @@ from spotgpu.scheduler.model import GPU, Node, Pod, PodGroup, Queue
 from spotgpu.scheduler.rules import Lend
 
 
+class AutoLent(StrEnum):
+    """Which lent twins of ``auto`` nodes a spot task's try may use (docs/scheduler.md,
+    "Strategies"; the session chooses, :mod:`spotgpu.scheduler.demand` says when)."""
+
+    NONE = "none"
+    """None: the first try while the cycle's pending spot demand fits the unallocated room."""
+    COVERING = "covering"
+    """Those whose forecast's ``p20`` covers the task's want, before unallocated GPUs: the first
+    try when the demand does not fit (they keep unallocated GPUs whole for gangs and reserved work)."""
+    ALL = "all"
+    """Any, after unallocated GPUs (as on ``idle`` nodes): the last try, and every other node strategy."""
+
+
 class TaskKind(StrEnum):
     RESERVED = "reserved"
     """Whole real GPUs."""
@@ -43,8 +56,8 @@ class TaskShape:
     """Spot: lent GPUs must have an idle forecast (p20) covering this many seconds (0: any)."""
     want: float = 0.0
     """Spot: the remainder lent GPUs should best fit, ``max(min_lease, checkpoint_interval)``."""
-    auto_lent: bool = True
-    """Spot: may use lent GPUs of ``auto`` nodes (the cycle first tries without them)."""
+    auto_lent: AutoLent = AutoLent.ALL
+    """Spot: which lent GPUs of ``auto`` nodes it may use (the session's first try restricts them)."""
 
     def describe(self) -> str:
         lease = f" with minLease {self.min_lease:g}s" if self.min_lease else ""
@@ -87,8 +100,10 @@ class NodeClass:
     def lent_usable(self, shape: TaskShape) -> int:
         """How many unused lent twins a spot task of ``shape`` may use here (optimistic for leases:
         a forecast bucket that may cover ``min_lease`` counts; the device picker decides exactly)."""
-        if not shape.auto_lent and self.strategy is NodeStrategy.AUTO:
-            return 0
+        if self.strategy is NodeStrategy.AUTO and shape.auto_lent is not AutoLent.ALL:
+            if shape.auto_lent is AutoLent.NONE:
+                return 0
+            return lease.coverable(self.lent_leases, shape.want)  # want >= min_lease
         if shape.min_lease:
             return lease.coverable(self.lent_leases, shape.min_lease)
         return self.spot_lent
@@ -99,7 +114,7 @@ class NodeClass:
 
     @property
     def auto_lent(self) -> bool:
-        """An ``auto`` node with lent capacity (which spot tasks use only when nothing else fits)."""
+        """An ``auto`` node with lent capacity (which a spot task's first try restricts)."""
         return self.strategy is NodeStrategy.AUTO and bool(self.spot_lent or self.lent_partials)
 
 
@@ -198,7 +213,7 @@ class GPUState:
 
 
 class NodeState:
-    __slots__ = ("by_id", "cls", "gpus", "name", "node", "order", "pkey", "version")
+    __slots__ = ("by_id", "cls", "gpus", "name", "node", "order", "pkey", "room", "version")
 
     def __init__(self, node: Node, order: int) -> None:
         self.node = node
@@ -208,6 +223,9 @@ class NodeState:
         self.by_id = {g.id: g for g in self.gpus}
         self.cls: NodeClass | None = None
         self.pkey: PreemptKey | None = None
+        self.room = 0
+        """Spot room on its unallocated GPUs in milli (:attr:`rules.NodeSummary.unallocated_milli`;
+        0 while the node is not schedulable)."""
         self.version = 0
         """Incremented by every change on the node (caches of per-node evaluations check it)."""
 
@@ -297,6 +315,7 @@ class QueueState:
 
 
 __all__ = [
+    "AutoLent",
     "GPUState",
     "JobState",
     "Lend",

@@ -485,13 +485,37 @@ class VictimScale:
 
 
 @dataclass(frozen=True, slots=True)
+class SpotOutside:
+    """What a snapshot that leaves nodes or pending spot pods out would have counted for the
+    ``auto`` strategy's demand rule (:mod:`spotgpu.scheduler.demand`), in GPU milli: ``pending``
+    the spot requests of the pending spot pods left out, by their PodGroup's pool (``None``: any),
+    and ``room`` the spot room on unallocated GPUs of the schedulable nodes left out, by node pool
+    (:attr:`spotgpu.scheduler.rules.NodeSummary.unallocated_milli`). A cycle adds them to what its
+    snapshot holds, so it judges the demand as on the full snapshot."""
+
+    pending: Mapping[str | None, int] = field(default_factory=dict, hash=False)
+    room: Mapping[str, int] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        for what, table, keyed in (("pending", self.pending, (str, type(None))), ("room", self.room, (str,))):
+            if not isinstance(table, Mapping):
+                raise SnapshotError(f"spot outside: {what} must be a mapping, got {type(table).__name__}")
+            for pool, milli in table.items():
+                if not isinstance(pool, keyed):
+                    raise SnapshotError(f"spot outside: {what} has a pool key {pool!r} that is not a pool name")
+                if isinstance(milli, bool) or not isinstance(milli, int) or milli < 0:
+                    raise SnapshotError(f"spot outside: {what}[{pool!r}] must be a non-negative integer, got {milli!r}")
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything one cycle needs. Build with tuples; :meth:`of` accepts any iterables.
 
     ``pods`` are the pods spotgpu schedules (members of PodGroups), pending or placed. Reserved
     pods not scheduled by spotgpu (a developer machine started by the default scheduler) do not
-    appear here: they appear as the ``owner`` of the GPUs they hold. ``victim_scale``: only for
-    snapshots that leave running spot gangs out (see :class:`VictimScale`).
+    appear here: they appear as the ``owner`` of the GPUs they hold. ``victim_scale`` and
+    ``spot_outside``: only for snapshots that leave running spot gangs, nodes or pending spot pods
+    out (see :class:`VictimScale`, :class:`SpotOutside`).
     """
 
     nodes: tuple[Node, ...]
@@ -500,6 +524,7 @@ class Snapshot:
     pods: tuple[Pod, ...]
     shadows: tuple[ShadowPod, ...] = ()
     victim_scale: VictimScale | None = None
+    spot_outside: SpotOutside | None = None
 
     @classmethod
     def of(
@@ -511,8 +536,9 @@ class Snapshot:
         shadows: Iterable[ShadowPod] = (),
         *,
         victim_scale: VictimScale | None = None,
+        spot_outside: SpotOutside | None = None,
     ) -> Snapshot:
-        return cls(tuple(nodes), tuple(queues), tuple(groups), tuple(pods), tuple(shadows), victim_scale)
+        return cls(tuple(nodes), tuple(queues), tuple(groups), tuple(pods), tuple(shadows), victim_scale, spot_outside)
 
 
 __all__ = [
@@ -544,6 +570,7 @@ __all__ = [
     "ShadowPod",
     "Snapshot",
     "SnapshotError",
+    "SpotOutside",
     "Unschedulable",
     "VictimScale",
     "parse_node_annotations",

@@ -146,6 +146,10 @@ class NodeSummary(NamedTuple):
     """Reclaimable GPUs free without a new victim."""
     available: int
     """Reclaimable GPUs (with victims)."""
+    unallocated_milli: int
+    """Room for spot work on unallocated or ShadowPod-held GPUs, in milli: 1000 per unused lendable
+    twin (``spot_unallocated``) plus what is left on partly used shared ones (the ``auto``
+    strategy's demand rule, :mod:`spotgpu.scheduler.demand`)."""
 
 
 # --- the rules, one GPU at a time (the reference) ---------------------------------------------
@@ -205,9 +209,15 @@ def reference_summary(gpus: Sequence[GpuView], lending: bool, split_lent: bool) 
     unused = [(g, how) for g, how in zip(gpus, lends, strict=True) if how and not g.users]
     reclaim = [g for g in gpus if g.nominee is None and reclaimable(g)]
     top = max((u.priority for g in reclaim if g.live for u in g.users if not u.evicting), default=0)
+    spot_unallocated = sum(1 for _, how in unused if how is not Lend.LENT)
+    unallocated_partials = sum(
+        GPU_MILLI - g.used_milli
+        for g, how in zip(gpus, lends, strict=True)
+        if how and how is not Lend.LENT and g.users and not g.exclusive and g.used_milli < GPU_MILLI
+    )
     return NodeSummary(
         free=sum(1 for g in gpus if bindable(g)),
-        spot_unallocated=sum(1 for _, how in unused if how is not Lend.LENT),
+        spot_unallocated=spot_unallocated,
         spot_lent=sum(1 for _, how in unused if how is Lend.LENT),
         partials=tuple(partials),
         lent_partials=tuple(lent_partials),
@@ -215,6 +225,7 @@ def reference_summary(gpus: Sequence[GpuView], lending: bool, split_lent: bool) 
         top_priority=top,
         zero_cost=sum(1 for g in reclaim if zero_cost(g)),
         available=len(reclaim),
+        unallocated_milli=GPU_MILLI * spot_unallocated + unallocated_partials,
     )
 
 
@@ -229,7 +240,7 @@ def summarize(gpus: Sequence[GpuView], lending: bool, split_lent: bool = False) 
     ``split_lent`` also fills :attr:`NodeSummary.lent_partials` (the ``auto`` strategy needs it;
     other nodes leave it empty so that their classes stay as coarse as they can be).
     """
-    free = spot_u = spot_l = zero = avail = top = 0
+    free = spot_u = spot_l = zero = avail = top = rest = 0
     partials: list[int] = []
     lent_partials: list[int] | None = [] if split_lent else None
     leases: list[int] | None = None
@@ -262,7 +273,9 @@ def summarize(gpus: Sequence[GpuView], lending: bool, split_lent: bool = False) 
                     spot_u += 1
             elif not g.exclusive and g.used_milli < GPU_MILLI:
                 partials.append(GPU_MILLI - g.used_milli)
-                if lent_partials is not None and how is Lend.LENT:
+                if how is not Lend.LENT:
+                    rest += GPU_MILLI - g.used_milli
+                elif lent_partials is not None:
                     lent_partials.append(GPU_MILLI - g.used_milli)
         if owner is None or (shadow is not None and not shadow.new):
             avail += 1
@@ -295,6 +308,7 @@ def summarize(gpus: Sequence[GpuView], lending: bool, split_lent: bool = False) 
         top,
         zero,
         avail,
+        GPU_MILLI * spot_u + rest,
     )
     return _tuple_new(NodeSummary, summary)  # NodeSummary(*summary) without its Python-level __new__
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from spotgpu.core.refs import PodRef
 from spotgpu.core.types import QueueType
 from spotgpu.scheduler.config import SchedulerConfig
+from spotgpu.scheduler.demand import Pressure
 from spotgpu.scheduler.framework import (
     ACTIONS,
     PLUGINS,
@@ -50,7 +51,16 @@ from spotgpu.scheduler.model import (
     PodGroupStatus,
     Unschedulable,
 )
-from spotgpu.scheduler.state import ClusterState, JobState, NodeClass, QueueState, TaskKind, TaskShape, TaskState
+from spotgpu.scheduler.state import (
+    AutoLent,
+    ClusterState,
+    JobState,
+    NodeClass,
+    QueueState,
+    TaskKind,
+    TaskShape,
+    TaskState,
+)
 from spotgpu.scheduler.status import OK, Code, Status
 
 
@@ -107,6 +117,8 @@ class Session:
         self._orders: dict[TaskShape, _ShapeOrder] = {}
         self._fail_memo: dict[TaskShape, tuple[int, Status]] = {}
         self._job_keys: dict[PodRef, SortKey] = {}
+        self.pressure = Pressure(state)
+        """Whether the cycle's pending demand fits the unallocated room (the ``auto`` rule)."""
 
     @classmethod
     def open(cls, state: ClusterState, config: SchedulerConfig) -> Session:
@@ -221,8 +233,9 @@ class Session:
     def find_node(self, task: TaskState) -> Placement | Status:
         """The best node and devices for ``task`` now, or why there is none.
 
-        A spot task first tries without the lent GPUs of ``auto`` nodes (while any exist): they
-        serve only work that unallocated GPUs cannot serve now.
+        While some ``auto`` node has lent capacity, a spot task first tries a shape that restricts
+        those nodes' lent GPUs (:meth:`first_try`), then its own shape, which may use any of them
+        after unallocated ones.
         """
         picker = self.picker(task.kind)
         if picker is None:
@@ -234,10 +247,20 @@ class Session:
                 return Placement(nom_node, list(nom_gpus))
         shape = task.shape
         if task.kind is not TaskKind.RESERVED and self.state.auto_lent_nodes:
-            first = self._find(picker, task, self.state.without_auto_lent(shape))
+            first = self._find(picker, task, self.state.restricted(shape, self.first_try(shape)))
             if isinstance(first, Placement):
                 return first
         return self._find(picker, task, shape)
+
+    def first_try(self, shape: TaskShape) -> AutoLent:
+        """Which lent GPUs of ``auto`` nodes a spot task of ``shape`` tries first: none while the
+        cycle's pending demand of its pool fits the unallocated room; when it does not, for a task
+        that wants a lease, those whose forecast covers its want, before unallocated GPUs
+        (:mod:`spotgpu.scheduler.demand`). A task that wants no lease has no forecast to judge
+        lent GPUs by and keeps the unallocated-first order."""
+        if shape.want and not self.pressure.fits(shape.pool):
+            return AutoLent.COVERING
+        return AutoLent.NONE
 
     def _find(self, picker: DevicePickPlugin, task: TaskState, shape: TaskShape) -> Placement | Status:
         memo = self._fail_memo.get(shape)

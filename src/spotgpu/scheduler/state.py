@@ -24,6 +24,7 @@ from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import GPU_MILLI, NodeStrategy
 from spotgpu.scheduler import lease, rules
 from spotgpu.scheduler.mirrors import (
+    AutoLent,
     GPUState,
     JobState,
     NodeClass,
@@ -35,7 +36,18 @@ from spotgpu.scheduler.mirrors import (
     TaskShape,
     TaskState,
 )
-from spotgpu.scheduler.model import GPU, Node, Pod, PodGroup, Queue, ShadowPod, Snapshot, SnapshotError, VictimScale
+from spotgpu.scheduler.model import (
+    GPU,
+    Node,
+    Pod,
+    PodGroup,
+    Queue,
+    ShadowPod,
+    Snapshot,
+    SnapshotError,
+    SpotOutside,
+    VictimScale,
+)
 from spotgpu.scheduler.rules import Lend
 
 _T = TypeVar("_T")
@@ -54,6 +66,8 @@ class ClusterState:
         self.bad_nominations: list[tuple[PodRef, str]] = []
         self.victim_scale: VictimScale | None = None
         """Cluster-wide normalisation maxima for victim scores, when the snapshot is partial."""
+        self.spot_outside: SpotOutside | None = None
+        """The pending demand and unallocated room a partial snapshot left out (:mod:`.demand`)."""
         # class index: NodeClass -> ordered set of nodes
         self.classes: dict[NodeClass, dict[NodeState, None]] = {}
         self.class_list: list[NodeClass] = []
@@ -61,7 +75,7 @@ class ClusterState:
         self.pindex: dict[PreemptKey, dict[NodeState, None]] = {}
         self._pkeys_sorted: list[PreemptKey] | None = None
         self.auto_lent_nodes = 0
-        """Nodes whose class has lent capacity on an ``auto`` node (spot tasks first try without it)."""
+        """``auto`` nodes whose class has lent capacity (spot tasks first try a restricted shape)."""
         self.capacity_epoch = 0
         """Incremented whenever placement capacity may have grown (memoised failures expire)."""
         self._shapes: dict[tuple[object, ...], TaskShape] = {}
@@ -83,6 +97,10 @@ class ClusterState:
         if scale is not None and not isinstance(scale, VictimScale):
             raise SnapshotError(f"snapshot victim_scale must be a VictimScale or None, got {type(scale).__name__}")
         state.victim_scale = scale
+        outside = snapshot.spot_outside
+        if outside is not None and not isinstance(outside, SpotOutside):
+            raise SnapshotError(f"snapshot spot_outside must be a SpotOutside or None, got {type(outside).__name__}")
+        state.spot_outside = outside
         device_node: dict[DeviceID, NodeName] = {}
         for order, node in enumerate(_typed(snapshot.nodes, Node, "nodes")):
             if node.name in state.nodes:
@@ -290,7 +308,7 @@ class ClusterState:
         *,
         min_lease: float = 0.0,
         want: float = 0.0,
-        auto_lent: bool = True,
+        auto_lent: AutoLent = AutoLent.ALL,
     ) -> TaskShape:
         key = (kind, resource, gpus, milli, pool, min_lease, want, auto_lent)
         shape = self._shapes.get(key)
@@ -298,8 +316,9 @@ class ClusterState:
             shape = self._shapes[key] = TaskShape(kind, resource, gpus, milli, pool, min_lease, want, auto_lent)
         return shape
 
-    def without_auto_lent(self, shape: TaskShape) -> TaskShape:
-        """``shape`` restricted to unallocated GPUs on ``auto`` nodes (the first try of a spot task)."""
+    def restricted(self, shape: TaskShape, auto_lent: AutoLent) -> TaskShape:
+        """``shape`` with the lent GPUs of ``auto`` nodes restricted as ``auto_lent`` says (a spot
+        task's first try, :meth:`spotgpu.scheduler.session.Session.find_node`)."""
         return self.shape(
             shape.kind,
             shape.resource,
@@ -308,7 +327,7 @@ class ClusterState:
             shape.pool,
             min_lease=shape.min_lease,
             want=shape.want,
-            auto_lent=False,
+            auto_lent=auto_lent,
         )
 
     # -- primitive mutations (each has an exact inverse) ------------------------------------
@@ -452,9 +471,10 @@ class ClusterState:
         pkey: PreemptKey | None = None
         if node.schedulable:
             lending = node.lending
-            free, spot_u, spot_l, partials, lent_partials, leases, top, zero, avail = rules.summarize(
+            free, spot_u, spot_l, partials, lent_partials, leases, top, zero, avail, room = rules.summarize(
                 ns.gpus, lending, node.strategy is NodeStrategy.AUTO
             )
+            ns.room = room
             key = (
                 node.resource,
                 node.pool,
@@ -542,6 +562,7 @@ def _typed(items: object, cls: type[_T], what: str) -> tuple[_T, ...]:
 
 
 __all__ = [
+    "AutoLent",
     "ClusterState",
     "GPUState",
     "JobState",

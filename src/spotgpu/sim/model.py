@@ -102,6 +102,7 @@ class NodeSim:
         "kind",
         "name",
         "preempt_key",
+        "room",
         "unallocated",
     )
 
@@ -114,6 +115,9 @@ class NodeSim:
         """GPUs whose twin is Healthy with no spot user and no nomination: room for spot pods."""
         self.unallocated = 0
         """GPUs unallocated or held by a ShadowPod: where reserved pods can go (maybe after preemption)."""
+        self.room = 0
+        """Spot room on its unallocated GPUs in milli, as the scheduler's ``auto`` demand rule counts it
+        (:attr:`spotgpu.scheduler.rules.NodeSummary.unallocated_milli`)."""
         self.kind: tuple[object, ...] = ()
         """The multiset of its GPUs' states (see ``spotgpu.sim.snapshot.Snapshots.first_per_kind``)."""
         self.gpu_states: list[tuple[object, ...]] = []

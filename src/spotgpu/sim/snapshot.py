@@ -23,9 +23,20 @@ from spotgpu.agent.model import LendState, twin_health
 from spotgpu.core.ids import DeviceID
 from spotgpu.core.mapping_cache import IDLE_SPACE, DeviceEntry, MappingSnapshot, Owner, OwnerEntry
 from spotgpu.core.refs import ContainerRef
-from spotgpu.core.types import Health, QueueType
+from spotgpu.core.types import GPU_MILLI, Health, NodeStrategy, QueueType
 from spotgpu.scheduler import lease
-from spotgpu.scheduler.model import GPU, NO_FORECAST, IdleForecast, Node, Pod, PodGroup, Queue, ShadowPod, Snapshot
+from spotgpu.scheduler.model import (
+    GPU,
+    NO_FORECAST,
+    IdleForecast,
+    Node,
+    Pod,
+    PodGroup,
+    Queue,
+    ShadowPod,
+    Snapshot,
+    SpotOutside,
+)
 from spotgpu.sim.model import JobSim, NodeSim, PodSim, ShadowSim
 from spotgpu.sim.schedview import node_summary, node_views
 from spotgpu.sim.state import CONTAINER, NodeIndex, PlacedSpot, Run, World
@@ -112,6 +123,8 @@ class Snapshots:
         node.cached = Node(node.name, tuple(objs), lending=lending, strategy=self.run.policy.strategy)
         node.free_twins = summary.spot_unallocated + summary.spot_lent
         node.unallocated = summary.available
+        self.index.room += summary.unallocated_milli - node.room
+        node.room = summary.unallocated_milli
         node.gpu_states = kind
         node.kind = tuple(sorted(kind))
         node.preempt_key = (summary.top_priority, -summary.zero_cost, -summary.available)
@@ -184,7 +197,9 @@ class Snapshots:
         checks each lent GPU's exact ``p20`` against the lease, so the kinds carry both
         (:meth:`Forecasts.kind`). Whether forecasts take part in a cycle is a cycle-wide question
         (some node has one) that a trimmed snapshot without lent nodes may answer differently;
-        it then has no lent twin to score or pick, so the answer changes nothing.
+        it then has no lent twin to score or pick, so the answer changes nothing. The ``auto``
+        strategy's demand rule counts pending spot demand and unallocated room cycle-wide, so a
+        trimmed snapshot carries what it leaves out (:meth:`_outside`).
         """
         self.refresh()
         world, index, hooks = self.world, self.index, self.run.hooks
@@ -196,7 +211,7 @@ class Snapshots:
         if not hooks.trim_snapshots:
             if not pending and not gc_due:
                 return None
-            return self._snapshot_of(list(world.nodes), pending, forecasts)
+            return self._snapshot_of(list(world.nodes), pending, forecasts, None)
         spot_in = (
             self.spot_candidates(pending)
             if hooks.cap_pending
@@ -205,9 +220,15 @@ class Snapshots:
         reserved_in = [j for j in pending if not j.spot]
         if not spot_in and not reserved_in and not gc_due:
             return None
-        checkpoints = self.run.scenario.checkpoint_interval > 0
-        leases = any(j.spot and (checkpoints or j.spec.min_lease > 0) for j in pending)
-        forecasts.min_leases = tuple(sorted({j.spec.min_lease for j in pending if j.spot and j.spec.min_lease > 0}))
+        checkpoint = self.run.scenario.checkpoint_interval
+        leases = any(j.spot and (checkpoint > 0 or j.spec.min_lease > 0) for j in pending)
+        # The exact thresholds the scheduler compares a lent GPU's p20 with: each pending spot
+        # gang's minLease and, on auto nodes (their covering try), its want.
+        auto = self.run.policy.strategy is NodeStrategy.AUTO
+        wants = {max(j.spec.min_lease, checkpoint) for j in pending if j.spot} if auto else set()
+        forecasts.thresholds = tuple(
+            sorted({j.spec.min_lease for j in pending if j.spot and j.spec.min_lease > 0} | {w for w in wants if w > 0})
+        )
         kind_of = forecasts.kind if leases else _plain_kind
         chosen: set[NodeSim] = set()
         if spot_in:
@@ -227,11 +248,30 @@ class Snapshots:
                 if pod.nominated is not None:
                     chosen.add(world.nodes_by_name[pod.nominated.node])
         chosen.update(s.node for s in gc_due)
-        return self._snapshot_of(self._closure(chosen), spot_in + reserved_in, forecasts)
+        nodes = self._closure(chosen)
+        outside = self._outside(nodes, pending, spot_in)
+        return self._snapshot_of(nodes, spot_in + reserved_in, forecasts, outside)
 
-    def _snapshot_of(self, nodes: list[NodeSim], jobs: list[JobSim], forecasts: Forecasts) -> Snapshot:
+    def _outside(self, nodes: list[NodeSim], pending: list[JobSim], spot_in: list[JobSim]) -> SpotOutside:
+        """What the scheduler's ``auto`` demand rule would have counted on the nodes and pending
+        spot gangs a trimmed snapshot leaves out (``spotgpu.scheduler.demand``; the simulator has
+        no pools: its nodes are in pool ``""``, its gangs in none)."""
+        offered = set(spot_in)
+        left = sum(
+            p.request.gpus * GPU_MILLI + p.request.milli
+            for j in pending
+            if j.spot and j not in offered
+            for p in j.pods
+            if p.node is None
+        )
+        room = self.index.room - sum(n.room for n in nodes)
+        return SpotOutside(pending={None: left} if left else {}, room={"": room} if room else {})
+
+    def _snapshot_of(
+        self, nodes: list[NodeSim], jobs: list[JobSim], forecasts: Forecasts, outside: SpotOutside | None
+    ) -> Snapshot:
         """The snapshot of ``nodes`` (with every pod and ShadowPod on them, and their idle
-        forecasts) and pending ``jobs``."""
+        forecasts) and pending ``jobs``; ``outside``: what a trimmed one leaves out."""
         # Keyed by the model's objects (identity hashing); every order below is deterministic:
         # nodes by index, their GPUs in order, pending jobs in submission order.
         pods: dict[PodSim, Pod] = {}
@@ -264,7 +304,13 @@ class Snapshots:
         # A trimmed snapshot leaves running spot gangs out: victims are scored as in the full one.
         scale = self.placed.victim_scale() if self.run.hooks.trim_snapshots else None
         return Snapshot(
-            tuple(node_objs), QUEUES, tuple(groups.values()), tuple(pods.values()), tuple(shadows.values()), scale
+            tuple(node_objs),
+            QUEUES,
+            tuple(groups.values()),
+            tuple(pods.values()),
+            tuple(shadows.values()),
+            scale,
+            outside,
         )
 
     # --- trimming ---------------------------------------------------------------------------
@@ -342,14 +388,16 @@ class Snapshots:
 class Forecasts:
     """The agents' idle forecasts at one cycle: asked once per node, only of nodes with a lent owner."""
 
-    __slots__ = ("_known", "at", "fn", "lent", "min_leases")
+    __slots__ = ("_known", "at", "fn", "lent", "thresholds")
 
     def __init__(self, fn: ForecastFn, at: float, lent: set[NodeSim]) -> None:
         self.fn = fn
         self.at = at
         self.lent = lent
-        self.min_leases: tuple[float, ...] = ()
-        """The distinct minimum leases of the pending spot gangs, ascending."""
+        self.thresholds: tuple[float, ...] = ()
+        """The distinct lease thresholds of the pending spot gangs, ascending: each one's minimum
+        lease and its want (``max(minLease, checkpointInterval)``, what the ``auto`` strategy's
+        covering try compares with), those above 0."""
         self._known: dict[NodeSim, Mapping[DeviceID, IdleForecast]] = {}
 
     def of(self, node: NodeSim) -> Mapping[DeviceID, IdleForecast]:
@@ -364,12 +412,12 @@ class Forecasts:
         """``node.kind`` with, per GPU, what the scheduler reads of its forecast, when the node has
         forecasts (they change with time, not with a rebuild): the bucket of its ``p20``
         (:func:`spotgpu.scheduler.lease.bucket`, which node classes carry; unknown: -1) and how
-        many of the pending gangs' minimum leases that ``p20`` covers (the device picker's exact
+        many of the pending gangs' lease thresholds that ``p20`` covers (the device picker's exact
         rule: two nodes of a class whose lent GPUs cover different leases are not interchangeable)."""
         forecast = self.of(node)
         if not forecast:
             return node.kind
-        leases = self.min_leases
+        leases = self.thresholds
         last = node.forecast_kind
         if last is not None and last[0] is node.gpu_states and last[1] is forecast and last[2] == leases:
             return last[3]

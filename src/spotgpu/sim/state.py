@@ -180,6 +180,8 @@ class NodeIndex:
     """Nodes with an unallocated, unused, un-nominated real GPU (room for reserved pods)."""
     lent_nodes: set[NodeSim] = field(default_factory=set)
     """Nodes with a lent owner (their agents publish idle forecasts)."""
+    room: int = 0
+    """The sum of every node's :attr:`NodeSim.room` (the spot room on unallocated GPUs, in milli)."""
 
 
 @dataclass(slots=True)

@@ -14,8 +14,10 @@ forecast's ``p20`` covers the lease, and prefers the lent GPU whose forecast fit
 Strategy (node annotation ``platform.k8s.io/spot-prefer``): on ``idle`` nodes unallocated GPUs are
 used first and exclusive tasks prefer these nodes; on ``lowpower`` nodes lent idle GPUs are used
 first and shared tasks prefer these nodes. ``auto`` nodes (the default) are ``idle`` nodes whose
-lent GPUs the session offers only to a task no unallocated GPU can take in this cycle (its first
-try is a shape with ``auto_lent=False``, which this plugin's filter, score and picker honour).
+lent GPUs a task's first try restricts (:class:`~spotgpu.scheduler.mirrors.AutoLent`, chosen by
+the session by :mod:`spotgpu.scheduler.demand`): ``none`` uses none of them; ``covering`` uses
+only those whose forecast covers the task's want, and first, as a ``lowpower`` node uses its lent
+GPUs. This plugin's filter, score and picker honour the restriction.
 Node class score: 100 for a strategy match, plus up to 50 for how much of the request the node's
 preferred kind of GPU covers, plus, for tasks that want a lease, up to 100 for the lease fit.
 
@@ -49,6 +51,7 @@ from spotgpu.scheduler.framework import PLUGINS, Placement
 from spotgpu.scheduler.rules import lend
 from spotgpu.scheduler.session import Session
 from spotgpu.scheduler.state import (
+    AutoLent,
     GPUState,
     JobState,
     Lend,
@@ -76,6 +79,13 @@ _RANK: Final = {
 _UNALLOCATED_FIRST: Final = frozenset({NodeStrategy.AUTO, NodeStrategy.IDLE})
 
 
+def _lent_first(shape: TaskShape, strategy: NodeStrategy) -> bool:
+    """Whether ``shape`` uses a node's (usable) lent GPUs before its unallocated ones."""
+    if strategy is NodeStrategy.AUTO:
+        return shape.auto_lent is AutoLent.COVERING
+    return strategy not in _UNALLOCATED_FIRST
+
+
 def shadow_name(group: PodRef, node: NodeName, first_device: str, now: float) -> str:
     """Deterministic ShadowPod name, a valid DNS subdomain.
 
@@ -91,8 +101,8 @@ def _partial_fits(shape: TaskShape, cls: NodeClass) -> bool:
     """Some partly used twin of the class may take ``shape.milli`` (lent ones only where allowed)."""
     if not any(p >= shape.milli for p in cls.partials):
         return False
-    if shape.auto_lent or cls.strategy is not NodeStrategy.AUTO:
-        return True
+    if shape.auto_lent is AutoLent.ALL or cls.strategy is not NodeStrategy.AUTO:
+        return True  # (a restricted try uses no lent partials: their forecasts are not in the class)
     lent = list(cls.lent_partials)
     for p in cls.partials:  # is one of the fitting partials not a lent one?
         if p in lent:
@@ -153,25 +163,32 @@ class SpotPlugin:
     @staticmethod
     def _lent_reason(shape: TaskShape, cls: NodeClass) -> str:
         need = shape.gpus or 1
-        if shape.min_lease and (shape.auto_lent or cls.strategy is not NodeStrategy.AUTO):
+        restricted = cls.strategy is NodeStrategy.AUTO and shape.auto_lent is not AutoLent.ALL
+        if shape.min_lease and not restricted:
             return (
                 f"have fewer than {need} lendable spot GPUs that are unallocated or whose owner's idle "
                 f"forecast (p20) covers minLease {shape.min_lease:g}s"
+            )
+        if restricted and shape.auto_lent is AutoLent.COVERING:
+            return (
+                f"have fewer than {need} lendable spot GPUs that are unallocated or whose owner's idle "
+                f"forecast (p20) covers {shape.want:g}s (a first try on auto nodes)"
             )
         return f"have fewer than {need} unallocated lendable spot GPUs (lent GPUs of auto nodes come last)"
 
     def class_score(self, shape: TaskShape, cls: NodeClass) -> float:
         if shape.kind is TaskKind.RESERVED:
             return 0.0
-        idle = cls.strategy in _UNALLOCATED_FIRST
+        match_exclusive = cls.strategy in _UNALLOCATED_FIRST
+        idle = not _lent_first(shape, cls.strategy)
         lent = cls.lent_usable(shape)
         preferred = cls.spot_unallocated if idle else lent
         if shape.kind is TaskKind.EXCLUSIVE:
-            match = 100.0 if idle else 0.0
+            match = 100.0 if match_exclusive else 0.0
             score = match + 50.0 * min(shape.gpus, preferred) / shape.gpus
             takes_lent = (cls.spot_unallocated < shape.gpus) if idle else lent > 0
         else:
-            match = 0.0 if idle else 100.0
+            match = 0.0 if match_exclusive else 100.0
             fits_partial = any(p >= shape.milli for p in cls.partials)
             score = match + (50.0 if fits_partial or preferred else 0.0)
             takes_lent = (not fits_partial and not cls.spot_unallocated) if idle else lent > 0
@@ -183,8 +200,9 @@ class SpotPlugin:
     def _lease_score(shape: TaskShape, cls: NodeClass, idle: bool, takes_lent: bool) -> float:
         """0..100 for how well the lent twins a task would take fit its want (unknown: 0).
 
-        Classes a task would take no lent twin of score as their strategy ranks unallocated GPUs:
-        first (100) on idle and auto nodes, last (0) on lowpower nodes."""
+        Classes a task would take no lent twin of score as the task's order on them ranks
+        unallocated GPUs: first (100) on idle and auto nodes, last (0) on lowpower nodes and for a
+        ``covering`` try on auto nodes."""
         if not takes_lent:
             return 100.0 if idle else 0.0
         return lease.fit_score(cls.lent_leases, shape.want)
@@ -195,27 +213,30 @@ class SpotPlugin:
     @staticmethod
     def _usable(shape: TaskShape, node: NodeState, unused_only: bool) -> list[tuple[GPUState, Lend]]:
         """The node's GPUs ``shape`` may use (only those without users if ``unused_only``), each with
-        how (:func:`spotgpu.scheduler.rules.lend`, restricted by the lease and, on the first try,
-        by ``auto`` nodes' lent GPUs)."""
+        how (:func:`spotgpu.scheduler.rules.lend`, restricted by the lease and, on a first try, by
+        the restriction of ``auto`` nodes' lent GPUs)."""
         lending = node.node.lending
-        no_auto_lent = not shape.auto_lent and node.node.strategy is NodeStrategy.AUTO
-        if not (shape.min_lease or no_auto_lent):
+        restrict = shape.auto_lent if node.node.strategy is NodeStrategy.AUTO else AutoLent.ALL
+        if not shape.min_lease and restrict is AutoLent.ALL:
             if unused_only:
                 return [(g, how) for g in node.gpus if not g.users and (how := lend(g, lending))]
             return [(g, how) for g in node.gpus if (how := lend(g, lending))]
+        # A covering try needs the want covered (want >= min_lease); otherwise the lease, if any.
+        need = shape.want if restrict is AutoLent.COVERING else shape.min_lease
         out = []
         for g in node.gpus:
             if unused_only and g.users:
                 continue
             how = lend(g, lending)
-            if how is Lend.LENT and (no_auto_lent or (shape.min_lease and not lease.covers(g.p20, shape.min_lease))):
+            if how is Lend.LENT and (restrict is AutoLent.NONE or (need and not lease.covers(g.p20, need))):
                 continue
             if how:
                 out.append((g, how))
         return out
 
     def pick_devices(self, shape: TaskShape, task: TaskState, node: NodeState) -> list[GPUState] | None:
-        rank = _RANK[node.node.strategy]
+        strategy = node.node.strategy
+        rank = _RANK[NodeStrategy.LOWPOWER if _lent_first(shape, strategy) else strategy]
         want = shape.want if self.state.forecasts else 0.0
         if task.kind is TaskKind.EXCLUSIVE:
             fresh = self._usable(shape, node, unused_only=True)
