@@ -10,9 +10,10 @@ Sources used:
 
 * ``AgentConfig`` / ``GuardConfig`` defaults in :mod:`spotgpu.core.config` (what a node runs
   with unless configured otherwise).
-* The project's benchmarks, run on the 2-vCPU development machine (kernel 6.18, containerd
-  1.6.20, runc 1.1.5, no GPU: stand-in devices), shared with other engineers' jobs, on
-  2026-11-30. Each figure names its command and result keys.
+* The project's benchmarks, run on a 2-vCPU machine of the CI kind (kernel 6.18, containerd
+  1.6.20, runc 1.1.5, no GPU: stand-in devices) with nothing else running, on 2026-12-01; their
+  result files are committed in docs/results/ (``*-2026-12-01.json``). Each figure names its
+  command and result keys.
 * "assumption": no measurement yet; a deliberately plain figure, listed so that it can be
   replaced in one place.
 
@@ -27,15 +28,16 @@ To update from a new result file, replace the rows (e.g.
 ``eviction_ms_p50``/``_p99`` or ``{"eviction_ms": {"p50": .., "p99": ..}}``), the source and
 MEASURED_ON.
 
-Cross-check (2026-11-30): for a return with 8 spot tasks the model's median hold is
-``guardSignal + killFirstTask + 7 * killExtraTask + guardRelease`` = 0.16 + 23.4 + 2.74 =
-26.3 ms (p99 rows: 1.94 + 40.3 + 2.95 = 45.2 ms); ``spotgpu node-e2e --spot-containers 8
---cycles 50`` (everything real but the GPU, a kubelet double, load average 2.9) measured
-``return_hold_ms_p50`` 34.2 / ``_p99`` 82.9: its eviction there took 27.6 ms (p50; a fresh
-pod-resources read over gRPC and a busier machine than ``bench agent``'s 23.4 ms) and its
-notification path 3.9 ms (hold minus the agent's own ``released_ms``) against 0.16 ms in
-``bench guard``. The model is therefore about 8 ms (a quarter) optimistic against the
-end-to-end median, and about half the end-to-end p99.
+Cross-check (2026-12-01): for a return with 8 spot tasks the model's median hold is
+``guardSignal + killFirstTask + 7 * killExtraTask + guardRelease`` = 0.436 + 0.74 + 7 x 1.239 +
+0.343 = 10.19 ms against ``return_hold_ms_p50`` 10.52 of the same ``spotgpu node-e2e`` run
+(docs/results/node-e2e-8-quiet-2026-12-01.json): the kill step is fitted to that run's eviction,
+so the medians agree by construction. Its p99 rows sum to 86 ms against the run's p99 (its
+maximum of 30) 62.7 ms: the run's slowest evictions and slowest wake-ups after the release came
+in different cycles, while a draw that is slow in both is possible in the model. The kill steps
+are node-e2e's, not ``bench agent``'s (0.74 / 2.82 ms for 1 / 8 tasks, plain containers): through
+CRI each spot process's exit waits for CPU behind containerd-shim and containerd
+(docs/node-e2e.md, "Where the hold goes").
 """
 
 from __future__ import annotations
@@ -56,64 +58,66 @@ class Measured(NamedTuple):
 _AGENT: Final = AgentConfig()
 _GUARD: Final = GuardConfig()
 
-MEASURED_ON: Final = "2026-11-30"
+MEASURED_ON: Final = "2026-12-01"
 """Date of the benchmark runs the latency defaults below come from."""
 
 # --- node agent (detection) -------------------------------------------------------------------
 DETECT_INTERVAL_S: Final = Seconds(_AGENT.detect_interval)
 """Lowpower detector polling period. Source: ``AgentConfig.detect_interval`` (10 s). The lending
 delay it implies (``maxInactiveTime`` after the owner's last activity, rounded up to the poll
-grid) matches ``spotgpu node-e2e``: ``lend_detect_s`` 1.04 (median of 50) with detectInterval
-0.25 s and maxInactiveTime 1 s (2026-11-30)."""
+grid) matches ``spotgpu node-e2e``: ``lend_detect_s`` 1.12 (median of 30) with detectInterval
+0.25 s and maxInactiveTime 1 s (2026-12-01, docs/results/node-e2e-8-quiet-2026-12-01.json)."""
 
 MAX_INACTIVE_TIME_S: Final = Seconds(_AGENT.max_inactive_time)
 """Owner inactivity before lending. Source: ``AgentConfig.max_inactive_time`` (10 min)."""
 
 # --- return path (guard + eviction) -----------------------------------------------------------
 GUARD_SIGNAL: Final = Measured(
-    ((0.50, 0.16), (0.99, 1.94)),
-    "spotgpu bench guard --json: details.owner_back_ms p50/p99, 2026-11-30",
+    ((0.50, 0.436), (0.99, 0.543)),
+    "spotgpu node-e2e --spot-containers 8 --cycles 30: guard_signal_ms_p50/_p99, 2026-12-01 "
+    "(docs/results/node-e2e-8-quiet-2026-12-01.json)",
 )
 """Owner's first GPU call -> the agent's owner-back handler runs (seccomp notification, guard,
 handler)."""
 
 KILL_FIRST_TASK: Final = Measured(
-    ((0.50, 5.5), (0.99, 15.6)),
-    "spotgpu bench agent --containers 1 --runs 40 --json: eviction_ms_p50 6.05/5.03 and _p99 16.9/14.2 "
-    "in two runs (their mean), 2026-11-30",
+    ((0.50, 0.74), (0.99, 1.04)),
+    "spotgpu bench agent --containers 1,8,16,32 --background-load 0,2 --configs default,legacy: containers 1, "
+    "config default, background load 0: eviction_ms_p50/_p99, 2026-12-01 (docs/results/bench-agent-2026-12-01.json)",
 )
 """The agent's eviction of one spot task: owner-back signal -> the task verified stopped
 (containerd Tasks/Kill SIGKILL + Wait, through gRPC).
 
-The kill model is ``killFirstTask + (n - 1) * killExtraTask`` for ``n`` tasks (the agent issues
-the kills concurrently; each further task adds the containerd and shim work that serialises),
-both terms read at the same quantile of one draw (a slow machine is slow for every task). The
-8-container benchmark alone cannot separate the two terms, so the first task is the
-1-container figure and the per-task step is fitted so that the model reproduces the
-8-container figure at each quantile: p50 ``(23.4 - 5.5) / 7`` = 2.557 ms, p99 ``(40.3 - 15.6)
-/ 7`` = 3.53 ms. A sweep on the same day (1, 2, 4, 8 containers, 40 runs each, load average
-3-5: p50 5.03, 5.81, 9.85, 18.69 ms) is linear, with a least-squares fit of 4.3 ms + 2.0 ms per
-further task."""
+The kill model is ``killFirstTask + (n - 1) * killExtraTask`` for ``n`` tasks (the agent signals
+every task at once; each further exit adds the kernel's and containerd's work that serialises on
+a small node), both terms read at the same quantile of one draw (a slow machine is slow for every
+task). The first task is ``bench agent``'s 1-container figure (pinned pidfds, no containerd call
+before the kill); the per-task step is fitted so that the model reproduces ``spotgpu node-e2e``'s
+8-container eviction at each quantile: p50 ``(9.41 - 0.74) / 7`` = 1.239 ms, p99 ``(41.73 - 1.04)
+/ 7`` = 5.813 ms. With 32 tasks under background load 2 the same model gives 39.2 / 181 ms
+against node-e2e's 84.9 / 184.9 ms (docs/results/node-e2e-32-load2-2026-12-01.json): the model
+has no load term."""
 
 KILL_EXTRA_TASK: Final = Measured(
-    ((0.50, 2.557), (0.99, 3.53)),
-    "fitted: killFirstTask + 7 x killExtraTask = spotgpu bench agent --containers 8 --json eviction_ms_p50 23.4 "
-    "/ _p99 40.3, 2026-11-30",
+    ((0.50, 1.239), (0.99, 5.813)),
+    "fitted: killFirstTask + 7 x killExtraTask = spotgpu node-e2e --spot-containers 8 --cycles 30 eviction_ms_p50 "
+    "9.41 / _p99 41.73, 2026-12-01 (docs/results/node-e2e-8-quiet-2026-12-01.json)",
 )
 """Each further spot task on the same owner's GPUs (see KILL_FIRST_TASK for the fit)."""
 
 GUARD_RELEASE: Final = Measured(
-    ((0.50, 2.74), (0.99, 2.95)),
-    "spotgpu node-e2e --spot-containers 8 --cycles 50 released_ms_p50 30.3 - eviction_ms_p50 27.6 (agent's "
-    "release step, run A) + spotgpu bench guard --json details.release_after_eviction_ms p50 0.041 / "
-    "release_after_eviction_ms_p99 0.25 (largest of the runs), 2026-11-30; the agent's step p99 not measured",
+    ((0.50, 0.343), (0.99, 43.72)),
+    "spotgpu node-e2e --spot-containers 8 --cycles 30: released_ms_p50 9.69 - eviction_ms_p50 9.41 (the agent's "
+    "release step) + guard_release_ms_p50 0.063 / _p99 43.443, 2026-12-01 "
+    "(docs/results/node-e2e-8-quiet-2026-12-01.json); the agent's step p99 not measured",
 )
 """Every spot task stopped -> the owner's held call continues. Two parts: the agent's release
-step (forget the evicted users, disarm the guard, republish the device plugin's list), 2.7 ms
-at the median, taken from run A of docs/node-e2e.md (the run that takes ``released_ms`` at the
-disarm); and the guard letting the held call go, p50 0.041 ms, p99 0.10-0.25 ms over runs. The
-p99 row is the agent's median plus the guard's largest p99 (assumption: the agent's release
-step has no p99 of its own; a difference of two p99s is no p99)."""
+step (forget the evicted users, disarm the guard, republish the device plugin's list), 0.28 ms
+at the median; and the guard letting the held call go until the owner's thread runs again
+(``guard_release_ms``: p50 0.063 ms; its p99, 43.4 ms, is the owner waiting for a CPU while
+containerd and the shims handle the exits; ``bench guard``'s release alone is p99 0.147 ms). The
+p99 row is the agent's median plus that p99 (assumption: the agent's release step has no p99 of
+its own; a difference of two p99s is no p99)."""
 
 FAIL_OPEN_TIMEOUT_S: Final = Seconds(_GUARD.fail_open_timeout)
 """A held owner call is released after this long whatever happens. Source:
@@ -138,28 +142,30 @@ def schedule_period(nodes: int) -> float:
 
 
 SPOT_START: Final = Measured(
-    ((0.50, 115.6), (0.99, 180.1)),
-    "spotgpu node-e2e --spot-containers 8 --cycles 50 spot_start_ms_p50/_p99 (run A), 2026-11-30",
+    ((0.50, 126.42), (0.99, 162.24)),
+    "spotgpu node-e2e --spot-containers 8 --cycles 30 spot_start_ms_p50/_p99, 2026-12-01 "
+    "(docs/results/node-e2e-8-quiet-2026-12-01.json)",
 )
 """Bind -> spot containers running, the image already on the node: the device plugin's Allocate
-of a twin, the pod-resources grant and ``ctr run -d`` through spotgpu-runtime with the device
-sync until the task started. ``spotgpu bench runtime --runs 20 --nice -10 --json`` agrees:
-plain ``ctr run --rm`` 102.5 ms median plus 18.1 ms for a create with device sync. Not included
-(assumption: 0): the kubelet's pod admission and sandbox, and image pulls; add your image's
-start-up time."""
+of a twin, the pod-resources grant and the kubelet CRI double's CreateContainer + StartContainer
+through containerd 1.6's CRI plugin and spotgpu-runtime with the device sync, until the
+container holds its GPU open. Not included (assumption: 0): the kubelet's pod admission and
+sandbox (the double creates the sandbox before), and image pulls; add your image's start-up
+time."""
 
 RESERVED_START: Final = Measured(
-    ((0.50, 105.6),),
-    "spotgpu bench runtime --runs 20 --nice -10 --json: plain_ms_median 102.5 + passthrough_added_ms 3.1, "
-    "2026-11-30 (a median only: constant)",
+    ((0.50, 68.9),),
+    "spotgpu bench runtime --json: plain_ms_median 63.68 + passthrough_added_ms 5.22, 2026-12-01 "
+    "(docs/results/bench-runtime-2026-12-01.json; a median only: constant)",
 )
 """Bind -> reserved containers running, the image already on the node: plain ``ctr run --rm``
-102.5 ms median (measured), plus spotgpu-runtime's share for a GPU owner, which no benchmark
-times separately. Assumption for that share: the pass-through's 3.1 ms; an owner's ``create``
-goes through the Python wrapper for the guard rule, so it may cost up to about the device-sync
-create's 18.1 ms (121 ms in all). The benchmark reports a median and an IQR width (18.6 ms),
-no quantiles, so this latency stays a constant. Not included, as for SPOT_START: kubelet,
-sandbox, image pull."""
+63.7 ms median (measured), plus spotgpu-runtime's share for a GPU owner, which no benchmark
+times separately. Assumption for that share: the pass-through's 5.2 ms (4.7 ms in a 40-round
+run, docs/results/bench-runtime-runs40-2026-12-01.json); an owner's ``create`` goes through the
+Python wrapper for the guard rule, so it may cost up to about the device-sync create's 16.1 ms
+(79.8 ms in all). The benchmark reports a median and an IQR width (10.8 ms for the
+pass-through), no quantiles, so this latency stays a constant. Not included, as for SPOT_START:
+kubelet, sandbox, image pull."""
 
 GANG_TEARDOWN_S: Final = Seconds(1.0)
 """An evicted gang's remaining pods (on other nodes or GPUs) release their GPUs after this long
