@@ -14,7 +14,7 @@ from spotgpu.scheduler import Node, Pod, PodGroup, Snapshot, SnapshotError, Spot
 from spotgpu.scheduler.testing import MakeNode, MakePod, MakePodGroup, apply_result
 
 from .helpers import bound, gang, snapshot
-from .test_sched_lease import _covers, _nodes, _non_lent_room, lent, node_draw
+from .test_sched_lease import _covers, _free_covering, _nodes, _non_lent_room, lent, node_draw
 from .test_sched_properties import check_invariants
 
 NOW = 50_000.0
@@ -276,14 +276,5 @@ def test_under_any_demand_a_min_lease_job_lands_on_a_covering_gpu_whenever_one_i
     mine = [b for b in result.binds if b.pod.name == "j-0"]
     for bind in mine:
         assert all(_covers(by_name[bind.node], d, lease) for d in bind.devices), bind
-    free_covering = [
-        (n.name, g.id)
-        for n in nodes
-        if n.schedulable
-        for g in n.gpus
-        if g.health is Health.HEALTHY
-        and g.twin is Health.HEALTHY
-        and (g.owner is None or n.lending)
-        and _covers(n, g.id, lease)
-    ]
+    free_covering = _free_covering(nodes, lease)
     assert bool(mine) == bool(free_covering), (free_covering, result.reasons())

@@ -3,6 +3,8 @@ the demand-aware ``auto`` strategy: examples, then properties over random cluste
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -172,6 +174,20 @@ def _covers(node: Node, device: DeviceID, lease: float) -> bool:
     return f is not None and f.p20 >= lease
 
 
+def _free_covering(nodes: Sequence[Node], lease: float) -> list[tuple[str, DeviceID]]:
+    """The healthy GPUs a spot pod wanting ``lease`` may take: unallocated, or lent and covering it."""
+    return [
+        (n.name, g.id)
+        for n in nodes
+        if n.schedulable
+        for g in n.gpus
+        if g.health is Health.HEALTHY
+        and g.twin is Health.HEALTHY
+        and (g.owner is None or n.lending)
+        and _covers(n, g.id, lease)
+    ]
+
+
 @settings(max_examples=200)
 @given(
     drawn=st.lists(node_draw, min_size=1, max_size=4),
@@ -191,16 +207,7 @@ def test_a_min_lease_job_lands_on_a_covering_gpu_whenever_one_is_free(
     by_name = {n.name: n for n in nodes}
     for bind in result.binds:
         assert all(_covers(by_name[bind.node], d, lease) for d in bind.devices), bind
-    free_covering = [
-        (n.name, g.id)
-        for n in nodes
-        if n.schedulable
-        for g in n.gpus
-        if g.health is Health.HEALTHY
-        and g.twin is Health.HEALTHY
-        and (g.owner is None or n.lending)
-        and _covers(n, g.id, lease)
-    ]
+    free_covering = _free_covering(nodes, lease)
     assert bool(result.binds) == bool(free_covering), (free_covering, result.reasons())
 
 

@@ -64,7 +64,7 @@ from spotgpu.agent.allocator import Allocator, Grant
 from spotgpu.agent.detect import WatchedOwner
 from spotgpu.agent.evictor import EvictionOutcome, Evictor, ReturnsInFlight, SweepFn
 from spotgpu.agent.guarding import GuardExecutor
-from spotgpu.agent.lookups import SolverLookups, SolverState
+from spotgpu.agent.lookups import SolverState
 from spotgpu.agent.model import (
     EvictionPlan,
     MappingBuild,
@@ -77,12 +77,12 @@ from spotgpu.agent.model import (
 )
 from spotgpu.agent.persistence import Record, RecordKeeper, lent_evidence
 from spotgpu.agent.ports import GuardPort, KubePort, PodInfo
-from spotgpu.agent.publisher import NodeView, Publisher, PublishFn
+from spotgpu.agent.publisher import Publisher, PublishFn
 from spotgpu.agent.settings import SolverSettings
+from spotgpu.agent.solver_publish import SolverPublishing
 from spotgpu.core import lending
 from spotgpu.core.clock import Clock, SystemTimer, Timer
-from spotgpu.core.ids import DeviceID
-from spotgpu.core.lending import Action, IdleForecast, LendRules, LendState, OwnerLending
+from spotgpu.core.lending import Action, LendRules, LendState, OwnerLending
 from spotgpu.core.mapping_cache import MappingCache, MappingSnapshot, Owner
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import EvictionReason
@@ -119,7 +119,7 @@ class _Effects:
     """An owner the evictor released already (its ``EvictionDone``'s Disarm is not repeated)."""
 
 
-class Solver(SolverLookups):
+class Solver(SolverPublishing):
     """The agent's state and coordinator (see module docstring)."""
 
     def __init__(
@@ -591,52 +591,6 @@ class Solver(SolverLookups):
             effects.publish = True
             self._flush_locked(effects)
         self._after(effects)
-
-    # -- publishing ------------------------------------------------------------------------------
-    def _view(self, *, use: bool) -> NodeView:
-        return NodeView(
-            self._devices,
-            self.mapping.snapshot(),
-            {o: s.state for o, s in self._owners.items()},
-            self._shadow,
-            self.allocator.pool_twins,
-            self.allocator.kinds,
-            self.allocator.use_locked() if use else None,
-            self.sources_locked() if use else None,
-        )
-
-    def publish_locked(self) -> None:
-        """Recompute and publish twin health (caller holds the lock)."""
-        self.publisher.publish(self._view(use=True))
-
-    def idle_forecasts(self) -> dict[DeviceID, IdleForecast]:
-        """Per real device of a lent owner, its owner's predicted idle remainder now."""
-        now = self.clock.monotonic()
-        with self.lock:
-            return lending.node_forecasts(self._owners.values(), now, self._rules)
-
-    def annotate(self) -> None:
-        """Patch the node annotations when the per-device state or the forecast changed (best effort)."""
-        forecasts = self.idle_forecasts()
-        with self.lock:
-            view = self._view(use=False)
-            values = self.publisher.annotations(view, forecasts, replicas=self.allocator.shared_replicas)
-            if not self.publisher.changed(values):
-                return
-        self.publisher.annotate(values)
-
-    def account(self) -> None:
-        """Add lent and spot-used GPU-seconds since the last call."""
-        now = self.clock.monotonic()
-        with self.lock:
-            last, self._last_tick = self._last_tick, now
-            if last is None:
-                return
-            dt = max(0.0, now - last)
-            lent = sum(len(s.devices) for s in self._owners.values() if s.state is LendState.LENT)
-            used = sum(1 for _, (_, users) in device_index(self.mapping.snapshot()).items() if users)
-        self.metrics.lent_gpu_seconds.inc(dt * lent)
-        self.metrics.spot_gpu_seconds.inc(dt * used)
 
 
 __all__ = ["EvictionOutcome", "Grant", "PublishFn", "Solver", "SolverSettings", "SolverState"]

@@ -35,9 +35,9 @@ Cross-check (2026-12-01): for a return with 8 spot tasks the model's median hold
 so the medians agree by construction. Its p99 rows sum to 86 ms against the run's p99 (its
 maximum of 30) 62.7 ms: the run's slowest evictions and slowest wake-ups after the release came
 in different cycles, while a draw that is slow in both is possible in the model. The kill steps
-are node-e2e's, not ``bench agent``'s (0.74 / 2.82 ms for 1 / 8 tasks: busybox containers through containerd, no CRI pods): through
-CRI each spot process's exit waits for CPU behind containerd-shim and containerd
-(docs/node-e2e.md, "Where the hold goes").
+are node-e2e's, not ``bench agent``'s (0.74 / 2.82 ms for 1 / 8 tasks: busybox containers
+through containerd, no CRI pods): through CRI each spot process's exit waits for CPU behind
+containerd-shim and containerd (docs/node-e2e.md, "Where the hold goes").
 """
 
 from __future__ import annotations
