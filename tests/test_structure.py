@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -130,3 +131,35 @@ def test_scheduler_imports_only_the_core_and_the_standard_library() -> None:
         m for m in imported if not m.startswith("spotgpu.core") and m.split(".")[0] not in sys.stdlib_module_names
     )
     assert outside == []
+
+
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+SIZE_EXEMPT = {"spotgpu/testing/kubeapi.py"}
+"""The HTTP Kubernetes API double (a protocol double, one module by design); generated stubs
+(``adapters/proto``) are skipped too."""
+
+
+def _sources() -> list[Path]:
+    src = ROOT / "src"
+    return [
+        p
+        for p in sorted((src / "spotgpu").rglob("*.py"))
+        if "proto" not in p.relative_to(src).parts and str(p.relative_to(src)) not in SIZE_EXEMPT
+    ]
+
+
+def test_modules_and_functions_stay_small() -> None:
+    """Issue 17's bounds: no module over 600 lines, no function over 80 (docstrings included)."""
+    big_modules, big_functions = [], []
+    for path in _sources():
+        text = path.read_text()
+        if (n := len(text.splitlines())) > MAX_MODULE_LINES:
+            big_modules.append(f"{path.relative_to(ROOT)}: {n} lines")
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or node.end_lineno is None:
+                continue
+            if (length := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES:
+                big_functions.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {length} lines")
+    assert not big_modules, big_modules
+    assert not big_functions, big_functions
