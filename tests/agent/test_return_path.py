@@ -16,6 +16,7 @@ import pytest
 from spotgpu.agent.evictor import EvictionExecutor, ReturnsInFlight
 from spotgpu.agent.model import LendState
 from spotgpu.agent.ports import ContainerInfo, PodEvent, PodEventType, PodInfo
+from spotgpu.agent.solver import STALE_VIEW
 from spotgpu.core.config import AgentConfig, ConfigError, EvictionConfig, from_mapping
 from spotgpu.core.ids import SPOT_GPU_RESOURCE
 from spotgpu.core.refs import PodRef
@@ -250,3 +251,48 @@ def test_a_spot_container_the_watch_reports_is_pinned_at_once(tmp_path: Path, pi
     while not any("cid-new" in p for p in tasks.pins[before:]) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert [p for p in tasks.pins[before:] if "cid-new" in p] == ([{"cid-new"}] if pin else [])
+
+
+def evicted_rig(tmp_path: Path) -> Rig:
+    """Lent with spot pods on both of the owner's GPUs; the owner came back and was evicted, and
+    pod-resources still lists the evicted pods (the kubelet removes them after their deletion)."""
+    rig = make_rig(tmp_path)
+    rig.cycle(0)
+    rig.cycle(61)
+    rig.add_spot("job-a", [rig.d[0]], "cid-a")
+    rig.add_spot("job-b", [rig.d[1]], "cid-b")
+    rig.cycle(1)
+    outcome = rig.agent.solver.owner_back(OWNER)
+    assert outcome is not None and set(outcome.plan.container_ids) == {"cid-a", "cid-b"}
+    assert rig.agent.solver.state().lend_states[OWNER] is LendState.ACTIVE
+    return rig
+
+
+def test_a_refresh_that_still_lists_just_evicted_users_evicts_nothing(tmp_path: Path) -> None:
+    """Their stops were verified moments ago: a view read before the pods' deletion names dead
+    work, not a violation (``STALE_VIEW``); no second eviction, no second stop."""
+    rig = evicted_rig(tmp_path)
+    stops = len(rig.tasks.stop_calls)
+    rig.cycle(1)
+    assert len(rig.tasks.stop_calls) == stops
+    assert rig.agent.solver.state().lend_states[OWNER] is LendState.ACTIVE
+
+
+def test_a_new_spot_container_on_the_returned_owners_gpu_is_evicted_at_once(tmp_path: Path) -> None:
+    """Fail closed: only containers verified stopped are skipped; one the evictor never stopped
+    is a violation like any other, even within ``STALE_VIEW``."""
+    rig = evicted_rig(tmp_path)
+    rig.add_spot("job-new", [rig.d[0]], "cid-new")
+    rig.cycle(1)
+    assert "cid-new" in rig.tasks.stop_calls[-1]
+    assert "cid-new" not in rig.tasks.running()
+
+
+def test_the_stale_view_allowance_expires(tmp_path: Path) -> None:
+    """After ``STALE_VIEW`` seconds users still listed on the owner's GPUs are evicted (stopped
+    again) whatever the evictor remembers."""
+    rig = evicted_rig(tmp_path)
+    stops = len(rig.tasks.stop_calls)
+    rig.cycle(STALE_VIEW + 1)
+    assert len(rig.tasks.stop_calls) > stops
+    assert set(rig.tasks.stop_calls[-1]) == {"cid-a", "cid-b"}
