@@ -12,7 +12,7 @@ import select
 import stat
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from spotgpu.e2e.node import remove_cgroup_tree
 from spotgpu.ports.node import TaskState, TaskStopResult
 from spotgpu.testing.containerd import Containerd, make_rootfs
 from spotgpu.testing.fakes import FakeGuard, FakeKube, FakePodResources
+from spotgpu.util.cpuboost import Knob, Raised
 
 from .helpers import NODE, OWNER, cri_labels, gpu_alloc, pod, spot_alloc
 
@@ -405,3 +406,46 @@ def wait_pid(node: Node, cid: str) -> int:
         assert time.monotonic() < deadline, f"{cid} never ran"
         time.sleep(0.02)
     return pid
+
+
+def test_killed_containers_cgroups_get_the_top_cpu_weight_until_their_stops_are_verified(node: Node) -> None:
+    """``agent.eviction.boostCpu``: right after the SIGKILLs the CPU weight of each killed
+    container's cgroup and its ancestors is raised (a dying process must still run to exit),
+    for a pinned container (knobs found at pin time) and one whose PID came from containerd,
+    and every value is back once the stops are verified."""
+    group = f"spotgpu-test-{uuid.uuid4().hex[:8]}"
+    ids = ["victim-0", "victim-1"]
+    try:
+        for i, cid in enumerate(ids):
+            node.run(cid, hold(node.gpus[0]), PodRef("spot", f"v{i}"), extra=["--cgroup", f"/{group}/pod{i}/{cid}"])
+        node.tasks.pin(ids[:1])
+        assert node.tasks.pins is not None and set(node.tasks.pins.pinned()) == {"victim-0"}
+        boost = node.tasks.boost
+        assert boost is not None
+        during: list[dict[Path, str]] = []
+        original = boost.raise_
+
+        def spy(knobs: Iterable[Knob]) -> Raised:
+            raised = original(knobs)
+            during.append({k.file: k.file.read_text().strip() for k in raised.knobs})
+            return raised
+
+        boost.raise_ = spy  # type: ignore[method-assign]
+        results = node.tasks.stop_tasks(ids, grace=0, timeout=10)
+        assert [r.state for r in results] == [TaskState.STOPPED, TaskState.STOPPED]
+        files = {f for d in during for f in d}
+        shares = {f.parent.name for f in files if f.name in ("cpu.shares", "cpu.weight")}
+        assert {"pod0", "pod1", group} <= shares, files
+        assert all(v == k_value(f) for d in during for f, v in d.items())
+        assert boost.raised() == {}
+        for f in files:
+            if f.exists() and f.name in ("cpu.shares", "cpu.weight"):
+                assert f.read_text().strip() in ("1024", "100"), f"{f} was not restored"
+    finally:
+        node.tasks.after_release()
+        node.containerd.remove_all(NS)
+        remove_cgroup_tree(group)
+
+
+def k_value(file: Path) -> str:
+    return {"cpu.shares": "262144", "cpu.weight": "10000", "cpu.idle": "0"}[file.name]

@@ -99,6 +99,7 @@ class Node:
         holder_timeout: float = 1.0,
         wait_attached: bool = True,
         realtime: bool = False,
+        boost_cpu: bool = False,
     ) -> GuardService:
         config = GuardConfig(
             listener_path=self.listener,
@@ -112,6 +113,7 @@ class Node:
             registry=CollectorRegistry(),
             support=probe("runc"),
             realtime=realtime,
+            boost_cpu=boost_cpu,
         )
         self._guards.append(guard)
         guard.start()

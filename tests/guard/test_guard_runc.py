@@ -13,7 +13,9 @@ import time
 import pytest
 
 from spotgpu.core.refs import ContainerRef
+from spotgpu.guard import service as guard_service
 from spotgpu.testing import standin
+from spotgpu.util.cpuboost import Knob, cpu_knobs
 from spotgpu.util.priority import thread_policy
 
 from .conftest import OWNER, Node, OwnerBacks
@@ -147,3 +149,30 @@ def test_a_clean_guard_stop_releases_held_calls_and_hands_over_to_the_holder(nod
     assert guard.metrics.releases.labels("stopped")._value.get() == 1
     again = owner.call(SESSION)  # the holder answers now
     assert again["errno"] == errno.ENOTTY and (again["end_ns"] - again["start_ns"]) / 1e6 < 200
+
+
+def test_a_released_owner_threads_cgroups_get_the_top_cpu_weight_for_a_moment(node: Node) -> None:
+    """``agent.eviction.boostCpu``: the held thread must run to return from its call; its
+    cgroup (and ancestors) get the top CPU weight from the release for ``RELEASE_BOOST_S``,
+    then their values back."""
+    backs = OwnerBacks()
+    guard, owner = node.guarded_owner("boosted", backs, boost_cpu=True)
+    guard.arm(OWNER)
+    owner.send(f"call {standin.CTL} {SESSION:#x}")
+    assert backs.wait(1, 5), "owner-back was not signalled"
+    knobs: tuple[Knob, ...] = ()
+    deadline = time.monotonic() + 5
+    while not knobs and time.monotonic() < deadline:
+        with guard._lock:
+            knobs = next(iter(guard._hold_knobs.values()), ())
+        time.sleep(0.01)
+    weights = [k for k in knobs if k.file.name in ("cpu.shares", "cpu.weight")]
+    assert weights, "the held thread's cgroup knobs were not found"
+    assert weights == [k for k in cpu_knobs(owner.init_pid()) if k in weights]
+    before = [k.file.read_text().strip() for k in weights]
+    guard.disarm(OWNER)
+    during = [k.file.read_text().strip() for k in weights]
+    assert owner.read(5)["errno"] == errno.ENOTTY
+    assert during == [k.value for k in weights]
+    time.sleep(guard_service.RELEASE_BOOST_S + 0.2)
+    assert [k.file.read_text().strip() for k in weights] == before

@@ -29,6 +29,11 @@ so the time to stop N tasks is about the time to stop the slowest one. Two switc
   waits for :meth:`ContainerdTasks.after_release`, after the owner's release. Off: every stop
   is verified by containerd's Wait before the release.
 
+A third, ``boost_cpu`` (``agent.eviction.boostCpu``, on by default): right after the SIGKILLs,
+the CPU weight of the killed containers' cgroups and their ancestors is raised, and restored
+once their stops are verified (:mod:`spotgpu.util.cpuboost`): a dying process must still
+run to exit, and a spot pod's cgroups otherwise get the smallest share of a busy node.
+
 When containerd itself cannot be reached (restarting, crashed; its shims and containers keep
 running), a spot container must still leave the owner's GPU: its processes are found through
 ``/proc`` (the cgroup path names the CRI container ID), pinned with a pidfd, SIGKILLed and
@@ -61,6 +66,7 @@ from spotgpu.adapters.reaper import kill_and_wait
 from spotgpu.core import keys
 from spotgpu.core.errors import PermanentError, TemporaryError
 from spotgpu.ports.node import RuntimeContainer, TaskState, TaskStopResult
+from spotgpu.util.cpuboost import CpuBoost, Raised, cpu_knobs
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +122,8 @@ class ContainerdTasks:
         proc_root: Path = Path("/proc"),
         verify_by_pidfd: bool = True,
         pin_pidfds: bool = True,
+        boost_cpu: bool = True,
+        cgroup_root: Path = Path("/sys/fs/cgroup"),
     ) -> None:
         target = address if address.startswith("unix:") else f"unix://{address}"
         self.address = address
@@ -124,7 +132,14 @@ class ContainerdTasks:
         self.verify_by_pidfd = verify_by_pidfd
         """See the module docstring. It releases the owner before the shim has reaped the
         init: containerd records the task's exit a moment after the release."""
-        self.pins: PinTable | None = PinTable(self._init_pids, proc_root=proc_root) if pin_pidfds else None
+        self.cgroup_root = cgroup_root
+        self.boost: CpuBoost | None = CpuBoost() if boost_cpu else None
+        """Raises the killed containers' CPU weight until their stops are verified; None: off."""
+        self.pins: PinTable | None = (
+            PinTable(self._init_pids, proc_root=proc_root, cgroup_root=cgroup_root, cpu_knobs=boost_cpu)
+            if pin_pidfds
+            else None
+        )
         """The pinned spot containers (:meth:`pin`); None when pinning is off."""
         self._deferred: list[str] = []
         """Container IDs whose ``Kill(all)`` waits for :meth:`after_release`."""
@@ -206,7 +221,29 @@ class ContainerdTasks:
             self._terminate(pending, min(deadline, time.monotonic() + grace), timeout)
         unfinished = [cid for cid in ids if cid not in pending or not pending[cid].wait.done()]
         pinned: set[str] = set()
-        killed = self._kill_now(unfinished, pinned) if unfinished else {}
+        raised: list[Raised] = []
+        try:
+            killed = self._kill_now(unfinished, pinned, raised) if unfinished else {}
+            return self._finish(
+                ids, unfinished, pending, killed=killed, pinned=pinned, deadline=deadline, timeout=timeout
+            )
+        finally:
+            for r in raised:  # the victims are gone (or given up on): their weight goes back
+                r.restore()
+
+    def _finish(
+        self,
+        ids: list[str],
+        unfinished: list[str],
+        pending: dict[str, _Pending],
+        *,
+        killed: dict[str, Pinned],
+        pinned: set[str],
+        deadline: float,
+        timeout: float,
+    ) -> list[TaskStopResult]:
+        """Verify the stops of :meth:`stop_tasks` (``killed``: signalled directly; the others
+        through containerd) and report each task."""
         by_pidfd = {c for c, k in killed.items() if self.verify_by_pidfd and k.verifiable}
         try:
             for cid in unfinished:
@@ -256,9 +293,10 @@ class ContainerdTasks:
             except grpc.RpcError:
                 pass
 
-    def _kill_now(self, container_ids: list[str], pinned: set[str]) -> dict[str, Pinned]:
+    def _kill_now(self, container_ids: list[str], pinned: set[str], raised: list[Raised]) -> dict[str, Pinned]:
         """SIGKILL every task's processes directly; returns the signalled ones' pins (the caller
-        closes them) and adds to ``pinned`` the IDs that were pinned before. Pinned containers
+        closes them), adds to ``pinned`` the IDs that were pinned before and to ``raised`` the
+        CPU-weight raises of the signalled containers (the caller restores them). Pinned containers
         (:meth:`pin`) are signalled at once; for the others the
         init PIDs are asked from containerd (``Tasks.Get``, issued before those signals, read
         after them), each pinned with a pidfd and signalled.
@@ -280,6 +318,8 @@ class ContainerdTasks:
             if cid not in taken
         }
         pidpins.signal_pinned(taken.values())
+        if self.boost is not None:
+            raised.append(self.boost.raise_(k for p in taken.values() for k in p.knobs))
         pinned.update(taken)
         signalled = dict(taken)
         for cid, future in gets.items():
@@ -294,6 +334,10 @@ class ContainerdTasks:
             except OSError:
                 continue  # already gone, or not visible from here (no hostPID)
             pin = Pinned(cid, process.pid, fd, pidpins.namespace_init(fd))  # read before the signal
+            if self.boost is not None:  # also before the signal: an exited init is reaped at once
+                pin.knobs = cpu_knobs(process.pid, proc_root=self.proc_root, cgroup_root=self.cgroup_root)
+                if pidpins.exited_fds([fd]):
+                    pin.knobs = ()  # gone meanwhile: the PID's cgroup may be another process's
             try:
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
             except OSError as exc:
@@ -301,6 +345,8 @@ class ContainerdTasks:
                 pin.close()
                 continue
             signalled[cid] = pin
+        if self.boost is not None and len(signalled) > len(taken):
+            raised.append(self.boost.raise_(k for c, p in signalled.items() if c not in taken for k in p.knobs))
         return signalled
 
     def _settle(self, p: _Pending, deadline: float) -> TaskStopResult:

@@ -49,6 +49,7 @@ from pathlib import Path
 
 from spotgpu.adapters.pidkill import signal_all, wait_exited
 from spotgpu.adapters.procattr import cgroup_lines
+from spotgpu.util.cpuboost import Knob, cpu_knobs
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,9 @@ class Pinned:
     """The container's ``cgroup.procs`` (only when its init is not its namespace's PID 1)."""
     members: dict[int, int] = field(default_factory=dict)
     """Its other processes (``procs`` only): PID -> pidfd."""
+    knobs: tuple[Knob, ...] = ()
+    """The CPU-weight knobs of its init's cgroup and ancestors, raised at the kill
+    (:mod:`spotgpu.util.cpuboost`; resolved at pin time when the table is asked to)."""
 
     @property
     def verifiable(self) -> bool:
@@ -207,8 +211,11 @@ class PinTable:
         cgroup_root: Path = Path("/sys/fs/cgroup"),
         retry_interval: float = 2.0,
         keep: float = 30.0,
+        cpu_knobs: bool = False,
     ) -> None:
         self._lookup = lookup
+        self.cpu_knobs = cpu_knobs
+        """Whether each pin carries its CPU-weight knobs (:attr:`Pinned.knobs`)."""
         self.proc_root = proc_root
         self.cgroup_root = cgroup_root
         self.retry_interval = retry_interval
@@ -290,6 +297,8 @@ class PinTable:
                 os.close(fd)
                 continue
             pin = Pinned(cid, pid, fd, namespace_init(fd))
+            if self.cpu_knobs:
+                pin.knobs = cpu_knobs(pid, proc_root=self.proc_root, cgroup_root=self.cgroup_root)
             if not pin.namespace_init:
                 pin.procs = procs_file(pid, proc_root=self.proc_root, cgroup_root=self.cgroup_root)
                 if pin.procs is not None:
@@ -307,7 +316,7 @@ class PinTable:
             for cid, p in pins.items():
                 if p.fd in stale:
                     continue
-                copy = Pinned(cid, p.pid, -1, p.namespace_init, p.procs)
+                copy = Pinned(cid, p.pid, -1, p.namespace_init, p.procs, knobs=p.knobs)
                 try:
                     copy.fd = os.dup(p.fd)
                     for pid, fd in p.members.items():

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from spotgpu.util.cgroupfile import cgroup_lines
+
 _HEX64: Final = re.compile(r"[0-9a-f]{64}")
 _POD_UID: Final = re.compile(
     r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?"
@@ -71,26 +73,6 @@ def identity_of_path(path: str) -> CgroupIdentity:
             pod_uid = match.group(1).replace("_", "-")
     container_id = _container_id(parts[-1]) if parts else None
     return CgroupIdentity("/" + "/".join(parts), pod_uid, container_id)
-
-
-def cgroup_lines(text: str) -> dict[str, str]:
-    """``/proc/<pid>/cgroup`` as ``{controller: path}``; the v2 line's controller is ``""``.
-
-    A v1 line naming several controllers (``4:cpu,cpuacct:/x``) appears once per controller.
-    Malformed lines are skipped (the kernel never writes them; a truncated read might).
-    """
-    result: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3 or not parts[0].isdigit():
-            continue
-        _, controllers, path = parts
-        if not controllers:
-            result.setdefault("", path)
-            continue
-        for controller in controllers.split(","):
-            result.setdefault(controller, path)
-    return result
 
 
 def parse_cgroup(text: str) -> CgroupIdentity | None:

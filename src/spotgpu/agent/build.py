@@ -103,6 +103,7 @@ def build_agent(
             config.containerd_namespace,
             verify_by_pidfd=config.eviction.verify_by_pidfd,
             pin_pidfds=config.eviction.pin_pidfds,
+            boost_cpu=config.eviction.boost_cpu,
         ),
         pod_resources=PodResourcesView(config.pod_resources_socket),
         guard_factory=guard_factory,

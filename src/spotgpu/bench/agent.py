@@ -99,7 +99,7 @@ TARGETS: dict[str, Any] = {
     "detect_cycle_cpu_ms": {"any_load": 5.0, "applies_to": "8 containers"},
     "configuration": "default",
 }
-_OFF = EvictionConfig(realtime=False, pin_pidfds=False, verify_by_pidfd=False, defer_detection=False)
+_OFF = EvictionConfig(realtime=False, pin_pidfds=False, verify_by_pidfd=False, defer_detection=False, boost_cpu=False)
 CONFIGS: dict[str, EvictionConfig] = {
     "default": EvictionConfig(),
     "legacy": _OFF,
@@ -107,6 +107,7 @@ CONFIGS: dict[str, EvictionConfig] = {
     "no-pidfd": replace(EvictionConfig(), verify_by_pidfd=False),
     "no-realtime": replace(EvictionConfig(), realtime=False),
     "no-defer": replace(EvictionConfig(), defer_detection=False),
+    "no-boost": replace(EvictionConfig(), boost_cpu=False),
 }
 """``--configs`` names: ``agent.eviction`` with switches off (``legacy``: all of them, the return
 path before issue 15)."""
@@ -465,7 +466,11 @@ def _task_ports(address: str, configs: Sequence[str]) -> dict[str, ContainerdTas
     """One containerd task port per configuration, built as the agent builds its own."""
     return {
         name: ContainerdTasks(
-            address, NS, verify_by_pidfd=CONFIGS[name].verify_by_pidfd, pin_pidfds=CONFIGS[name].pin_pidfds
+            address,
+            NS,
+            verify_by_pidfd=CONFIGS[name].verify_by_pidfd,
+            pin_pidfds=CONFIGS[name].pin_pidfds,
+            boost_cpu=CONFIGS[name].boost_cpu,
         )
         for name in configs
     }

@@ -35,6 +35,7 @@ from spotgpu.agent.evictor import EvictionExecutor
 from spotgpu.ports.node import TaskState, TaskStopResult
 from spotgpu.testing.containerd import Containerd
 from spotgpu.testing.fakes import FakeGuard
+from spotgpu.util.cpuboost import Raised
 
 SHIPPED = ("containerd-pinned", "containerd", "containerd-wait", "kill-rpc")
 """Strategies that run :meth:`ContainerdTasks.stop_tasks` itself."""
@@ -160,7 +161,7 @@ class ProbedTasks(ContainerdTasks):
         self.probe = probe
         self.helper = helper
         self._strategy = "containerd"
-        self.boost = False
+        self.nice_boost = False
         self._notify = ThreadPoolExecutor(1, thread_name_prefix="bench-notify")
         self.pinned: dict[str, tuple[int, int]] = {}
         """Container ID -> (init PID, pidfd), opened before the signal (``*-pinned``)."""
@@ -188,8 +189,8 @@ class ProbedTasks(ContainerdTasks):
             future.add_done_callback(lambda _f: marks.wait_done.append(time.monotonic_ns()))
         return future
 
-    def _kill_now(self, container_ids: list[str], pinned: set[str]) -> dict[str, Pinned]:
-        signalled = {} if self.strategy == "kill-rpc" else super()._kill_now(container_ids, pinned)
+    def _kill_now(self, container_ids: list[str], pinned: set[str], raised: list[Raised]) -> dict[str, Pinned]:
+        signalled = {} if self.strategy == "kill-rpc" else super()._kill_now(container_ids, pinned, raised)
         if self.probe.on_guard_thread():
             self.probe.marks.killed = time.monotonic_ns()
         return signalled
@@ -225,7 +226,7 @@ class ProbedTasks(ContainerdTasks):
         else:
             pidkill.signal_all(fds.values())
             marks.killed = time.monotonic_ns()
-            if self.boost:
+            if self.nice_boost:
                 for pid in {self.pinned[c][0] for c in fds if c in self.pinned} | set(opened):
                     with contextlib.suppress(OSError):
                         os.setpriority(os.PRIO_PROCESS, pid, -20)

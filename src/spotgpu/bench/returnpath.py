@@ -180,7 +180,7 @@ def one_return(ctx: Context, tag: str, count: int, load: int, variant: Variant) 
         ctx.probe.released.clear()
         guard = TimedGuard(ctx.probe)
         ctx.tasks.strategy = variant.strategy
-        ctx.tasks.boost = variant.boost
+        ctx.tasks.nice_boost = variant.boost
         switches = EvictionConfig(realtime=variant.rr, defer_detection=variant.defer)
         agent, _ = ctx.node.agent(ctx.tasks, cids, guard=guard, eviction=switches)
         signaller: GuardThread | None = None

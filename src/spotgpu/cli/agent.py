@@ -55,7 +55,13 @@ def guard_factory(
         return None
 
     def make(handler: Callable[[ContainerRef], None]) -> GuardPort:
-        guard: GuardPort = service(config.guard, handler, registry=registry, realtime=config.eviction.realtime)
+        guard: GuardPort = service(
+            config.guard,
+            handler,
+            registry=registry,
+            realtime=config.eviction.realtime,
+            boost_cpu=config.eviction.boost_cpu,
+        )
         return guard
 
     return make

@@ -389,6 +389,11 @@ class EvictionConfig:
     """Verify a stop by the processes' pidfds turning readable (the kernel's exit: every file,
     the GPU's among them, closed) and tell containerd after the owner's release; ``false``:
     wait for containerd's ``Wait`` answer of every task before the release."""
+    boost_cpu: bool = True
+    """Raise the CPU weight (``cpu.shares``/``cpu.weight``, ``cpu.idle`` 0) of the killed spot
+    containers' cgroups and their ancestors from the kill until their stops are verified: a
+    dying process must still run to exit, and a spot pod's cgroups otherwise get the smallest
+    share of a busy node (:mod:`spotgpu.util.cpuboost`); ``false``: weights untouched."""
     defer_detection: bool = True
     """Detection cycles wait while an eviction runs (they take the solver's lock, the GIL and
     a CPU the eviction needs)."""

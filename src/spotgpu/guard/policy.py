@@ -151,6 +151,10 @@ class GuardPolicy:
     def holds(self) -> tuple[Hold, ...]:
         return tuple(self._holds.values())
 
+    def is_held(self, key: str, notification: int) -> bool:
+        """Whether the call ``notification`` of the notify fd ``key`` is held now."""
+        return (key, notification) in self._holds
+
     def _release(self, which: Callable[[Hold], bool], reason: ReleaseReason) -> list[Release]:
         chosen = [k for k, h in self._holds.items() if which(h)]
         return [Release(self._holds.pop(k), reason) for k in chosen]

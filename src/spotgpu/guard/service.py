@@ -48,9 +48,13 @@ from spotgpu.guard.policy import GuardPolicy, Hold, OwnerState, Release, Release
 from spotgpu.guard.port import GuardPort, OwnerBackHandler
 from spotgpu.guard.protocol import Op
 from spotgpu.guard.support import GuardSupport, probe
+from spotgpu.util.cpuboost import CpuBoost, Knob, Raised, cpu_knobs
 from spotgpu.util.priority import Priority, raise_thread
 
 log = logging.getLogger(__name__)
+
+RELEASE_BOOST_S = 0.1
+"""Seconds the cgroups of released owner threads keep their raised CPU weight (``boost_cpu``)."""
 
 _HOLD_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -101,10 +105,18 @@ class GuardService:
         clock: Callable[[], float] = time.monotonic,
         reconnect_interval: float = 0.5,
         realtime: bool = False,
+        boost_cpu: bool = False,
     ) -> None:
         self.config = config
         self.realtime = realtime
         """Raise the loop thread's priority (``SCHED_RR`` 10, or nice -10 when refused)."""
+        self.boost = CpuBoost() if boost_cpu else None
+        """Raises the CPU weight of a released owner thread's cgroups for ``RELEASE_BOOST_S``
+        (the agent's ``agent.eviction.boostCpu``; :mod:`spotgpu.util.cpuboost`): the thread
+        must run to return from its held call, on a node whose CPUs other pods keep busy."""
+        self._hold_knobs: dict[tuple[str, int], tuple[Knob, ...]] = {}
+        """(notify fd key, notification id) of a held call -> its thread's CPU-weight knobs."""
+        self._boosts: set[Raised] = set()
         self.priority: Priority | None = None
         """What the loop thread got (None until it started, or when not raised)."""
         self._on_owner_back = on_owner_back
@@ -243,6 +255,8 @@ class GuardService:
             return
         self._thread = None
         self._loop.close()
+        for raised in list(self._boosts):
+            raised.restore()
 
     def _poke(self) -> None:
         self._loop.poke()
@@ -279,6 +293,7 @@ class GuardService:
 
     def _on_notify_fd(self, fd: int, mask: int) -> None:
         owner_back: ContainerRef | None = None
+        held: tuple[str, int, int] | None = None
         with self._lock:
             entry = self._fds.by_fd(fd)
             if entry is None:
@@ -297,6 +312,7 @@ class GuardService:
                         _continue(fd, notification.id)
                     else:
                         self._tell_holder(protocol.encode(Op.HOLD, key=key, id=notification.id))
+                        held = (key, notification.id, notification.pid)
                         log.info(
                             "guard: holding a new GPU session of %s (container %s, tid %d, request %#x)",
                             entry.info.owner,
@@ -314,6 +330,16 @@ class GuardService:
             threading.Thread(
                 target=self._call_owner_back, args=(owner_back,), name="spotgpu-guard-owner-back", daemon=True
             ).start()
+        if held is not None and self.boost is not None:
+            self._note_knobs(*held)
+
+    def _note_knobs(self, key: str, notification: int, tid: int) -> None:
+        """Remember the CPU-weight knobs of a held thread's cgroups (read while the eviction runs;
+        a call released before this is done is released without a raise)."""
+        knobs = cpu_knobs(tid)
+        with self._lock:
+            if knobs and self._policy.is_held(key, notification):
+                self._hold_knobs[(key, notification)] = knobs
 
     def _call_owner_back(self, owner: ContainerRef) -> None:
         try:
@@ -339,6 +365,9 @@ class GuardService:
     def _apply_releases(self, releases: list[Release]) -> None:
         """Continue released calls; caller holds the lock."""
         now = self._clock()
+        knobs = [k for r in releases for k in self._hold_knobs.pop((r.hold.key, r.hold.id), ())]
+        if knobs and self.boost is not None:
+            self._boost_for_a_while(self.boost.raise_(knobs))
         for release in releases:
             hold = release.hold
             # Count first: once continued, the owner's call returns and anyone may look.
@@ -350,6 +379,19 @@ class GuardService:
             if entry is not None:
                 _continue(entry.fd, hold.id)
             self._tell_holder(protocol.encode(Op.DONE, key=hold.key, id=hold.id))
+
+    def _boost_for_a_while(self, raised: Raised) -> None:
+        """Keep ``raised`` for ``RELEASE_BOOST_S``, then restore it (at once when stopping)."""
+        self._boosts.add(raised)
+
+        def restore() -> None:
+            self._boosts.discard(raised)
+            raised.restore()
+
+        timer = threading.Timer(RELEASE_BOOST_S, restore)
+        timer.daemon = True
+        timer.name = "spotgpu-guard-unboost"
+        timer.start()
 
     # -- fds -------------------------------------------------------------------------------
     def _watch_fd(self, fd: int) -> None:
