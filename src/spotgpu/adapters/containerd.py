@@ -17,8 +17,10 @@ so the time to stop N tasks is about the time to stop the slowest one. Two switc
   spot containers on lent GPUs) keeps a pidfd of each one's init, and of every process of a
   container that shares a PID namespace (:mod:`spotgpu.adapters.pidpins`); a return signals
   them at once, with no containerd call first. A container not pinned (started since the last
-  refresh, or restarted: its pinned init has exited) has its init PID asked from containerd
-  (``Tasks.Get``) in parallel with those signals.
+  refresh, or restarted: its pinned init has exited) has its init PID read from its shim's
+  bundle in containerd's state folder (``state_dir``, :mod:`spotgpu.adapters.taskbundle`,
+  verified by the process's cgroup), else asked from containerd (``Tasks.Get``) in parallel
+  with those signals.
 * ``verify_by_pidfd``: a task whose init is its PID namespace's init (every container without
   ``shareProcessNamespace``) is verified by that init's pidfd turning readable instead of
   containerd's Wait: the kernel makes a namespace's init a zombie only after every other
@@ -33,6 +35,10 @@ A third, ``boost_cpu`` (``agent.eviction.boostCpu``, on by default): right after
 the CPU weight of the killed containers' cgroups and their ancestors is raised, and restored
 once their stops are verified (:mod:`spotgpu.util.cpuboost`): a dying process must still
 run to exit, and a spot pod's cgroups otherwise get the smallest share of a busy node.
+A fourth, ``hold_mount_ns`` (``agent.eviction.holdMountNs``, on by default): just before the
+SIGKILLs a reference to each victim's mount namespace is taken and dropped after the release
+(:mod:`spotgpu.adapters.mntns`): otherwise the last process of a container tears its mount
+namespace down inside its exit, an RCU grace period that a busy node stretches to tens of ms.
 
 When containerd itself cannot be reached (restarting, crashed; its shims and containers keep
 running), a spot container must still leave the owner's GPU: its processes are found through
@@ -55,7 +61,8 @@ from typing import Any
 
 import grpc
 
-from spotgpu.adapters import pidpins
+from spotgpu.adapters import pidpins, taskbundle
+from spotgpu.adapters.mntns import MountNamespaceHold
 from spotgpu.adapters.pidpins import Pinned, PinTable
 from spotgpu.adapters.procattr import container_processes
 from spotgpu.adapters.proto import containerd_containers_pb2 as cpb
@@ -123,7 +130,9 @@ class ContainerdTasks:
         verify_by_pidfd: bool = True,
         pin_pidfds: bool = True,
         boost_cpu: bool = True,
+        hold_mount_ns: bool = True,
         cgroup_root: Path = Path("/sys/fs/cgroup"),
+        state_dir: Path | None = None,
     ) -> None:
         target = address if address.startswith("unix:") else f"unix://{address}"
         self.address = address
@@ -133,8 +142,13 @@ class ContainerdTasks:
         """See the module docstring. It releases the owner before the shim has reaped the
         init: containerd records the task's exit a moment after the release."""
         self.cgroup_root = cgroup_root
+        self.state_dir = state_dir
+        """containerd's state folder (its task bundles: an unpinned task's init PID with no
+        containerd call); None: init PIDs of unpinned tasks come from ``Tasks.Get``."""
         self.boost: CpuBoost | None = CpuBoost() if boost_cpu else None
         """Raises the killed containers' CPU weight until their stops are verified; None: off."""
+        self.mntns: MountNamespaceHold | None = MountNamespaceHold(proc_root) if hold_mount_ns else None
+        """Holds the killed containers' mount namespaces until after the release; None: off."""
         self.pins: PinTable | None = (
             PinTable(self._init_pids, proc_root=proc_root, cgroup_root=cgroup_root, cpu_knobs=boost_cpu)
             if pin_pidfds
@@ -155,6 +169,8 @@ class ContainerdTasks:
     def close(self) -> None:
         if self.pins is not None:
             self.pins.close()
+        if self.mntns is not None:
+            self.mntns.release(wait=True)
         self._channel.close()
 
     # -- before a return ----------------------------------------------------------------------
@@ -187,6 +203,8 @@ class ContainerdTasks:
     def after_release(self) -> None:
         """Tell containerd of the stops verified by pidfd (``Kill(all)``, answered off any
         waiting path): call after the owner's release."""
+        if self.mntns is not None:  # the namespaces' teardowns, on a thread of their own
+            self.mntns.release()
         with self._deferred_lock:
             deferred, self._deferred = self._deferred, []
         for cid in deferred:
@@ -205,7 +223,7 @@ class ContainerdTasks:
         """Stop every task (see :meth:`TaskPort.stop_tasks`); never raises for one task's failure.
 
         After the grace (if any), every task's processes are SIGKILLed directly
-        (:meth:`_kill_now`: pinned ones at once, the others after a ``Tasks.Get``), all before any
+        (:meth:`_kill_now`: pinned ones at once, the others from their bundles or a ``Tasks.Get``), all before any
         stop is verified. With ``verify_by_pidfd`` a task whose pidfds can prove it gone
         (:attr:`Pinned.verifiable`) is verified by them, with no containerd round trip; every
         other task by containerd's Wait, and one not known to be its namespace's init also gets
@@ -220,7 +238,7 @@ class ContainerdTasks:
         if grace > 0:
             self._terminate(pending, min(deadline, time.monotonic() + grace), timeout)
         unfinished = [cid for cid in ids if cid not in pending or not pending[cid].wait.done()]
-        pinned: set[str] = set()
+        pinned: dict[str, str] = {}
         raised: list[Raised] = []
         try:
             killed = self._kill_now(unfinished, pinned, raised) if unfinished else {}
@@ -238,7 +256,7 @@ class ContainerdTasks:
         pending: dict[str, _Pending],
         *,
         killed: dict[str, Pinned],
-        pinned: set[str],
+        pinned: dict[str, str],
         deadline: float,
         timeout: float,
     ) -> list[TaskStopResult]:
@@ -266,7 +284,7 @@ class ContainerdTasks:
                 if cid in gone
                 else (TaskState.FAILED, "task did not exit in time")
             )
-            how = "pinned" if cid in pinned else "pid from containerd"
+            how = pinned.get(cid, "pid from containerd")
             results[cid] = TaskStopResult(cid, state, None, f"{detail} ({how})", 9)
         unreachable = [
             c for c, r in results.items() if r.state is TaskState.FAILED and c in pending and pending[c].unreachable
@@ -293,13 +311,15 @@ class ContainerdTasks:
             except grpc.RpcError:
                 pass
 
-    def _kill_now(self, container_ids: list[str], pinned: set[str], raised: list[Raised]) -> dict[str, Pinned]:
+    def _kill_now(self, container_ids: list[str], pinned: dict[str, str], raised: list[Raised]) -> dict[str, Pinned]:
         """SIGKILL every task's processes directly; returns the signalled ones' pins (the caller
-        closes them), adds to ``pinned`` the IDs that were pinned before and to ``raised`` the
+        closes them), records in ``pinned`` how each signalled task's init was found when not by
+        containerd (``pinned`` before, or ``pid from the task bundle``), adds to ``raised`` the
         CPU-weight raises of the signalled containers (the caller restores them). Pinned containers
-        (:meth:`pin`) are signalled at once; for the others the
-        init PIDs are asked from containerd (``Tasks.Get``, issued before those signals, read
-        after them), each pinned with a pidfd and signalled.
+        (:meth:`pin`) are signalled at once; for the others the init PIDs are read from their
+        shims' bundles (:meth:`_bundle_init`) or, failing that, asked from containerd
+        (``Tasks.Get``, issued before those signals, read after them), each pinned with a pidfd
+        and signalled.
 
         containerd's Kill runs the OCI runtime (``runc kill``) once per task, a process start
         each, and on a small node those compete with the very exits we wait for (measured: 8
@@ -312,16 +332,22 @@ class ContainerdTasks:
         running) go through containerd's Kill at once.
         """
         taken = self.pins.take(container_ids) if self.pins is not None else {}
+        found = {cid: f for cid in container_ids if cid not in taken and (f := self._bundle_init(cid)) is not None}
         gets = {
             cid: self._tasks.Get.future(tpb.GetRequest(container_id=cid), metadata=self._md, timeout=2)
             for cid in container_ids
-            if cid not in taken
+            if cid not in taken and cid not in found
         }
+        if self.mntns is not None:
+            self.mntns.hold((fd, pid) for p in taken.values() for pid, fd in ((p.pid, p.fd), *p.members.items()))
         pidpins.signal_pinned(taken.values())
         if self.boost is not None:
             raised.append(self.boost.raise_(k for p in taken.values() for k in p.knobs))
-        pinned.update(taken)
+        pinned.update(dict.fromkeys(taken, "pinned"))
         signalled = dict(taken)
+        for cid, (pid, fd) in found.items():
+            if (pin := self._signal_unpinned(cid, pid, fd)) is not None:
+                signalled[cid], pinned[cid] = pin, "pid from the task bundle"
         for cid, future in gets.items():
             try:
                 process = future.result().process
@@ -333,21 +359,36 @@ class ContainerdTasks:
                 fd = os.pidfd_open(process.pid)
             except OSError:
                 continue  # already gone, or not visible from here (no hostPID)
-            pin = Pinned(cid, process.pid, fd, pidpins.namespace_init(fd))  # read before the signal
-            if self.boost is not None:  # also before the signal: an exited init is reaped at once
-                pin.knobs = cpu_knobs(process.pid, proc_root=self.proc_root, cgroup_root=self.cgroup_root)
-                if pidpins.exited_fds([fd]):
-                    pin.knobs = ()  # gone meanwhile: the PID's cgroup may be another process's
-            try:
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-            except OSError as exc:
-                log.debug("direct SIGKILL of %s (pid %d) failed: %s", cid, process.pid, exc)
-                pin.close()
-                continue
-            signalled[cid] = pin
+            if (pin := self._signal_unpinned(cid, process.pid, fd)) is not None:
+                signalled[cid] = pin
         if self.boost is not None and len(signalled) > len(taken):
             raised.append(self.boost.raise_(k for c, p in signalled.items() if c not in taken for k in p.knobs))
         return signalled
+
+    def _bundle_init(self, container_id: str) -> tuple[int, int] | None:
+        """The pinned init of an unpinned task from its shim's bundle (no containerd call,
+        :mod:`spotgpu.adapters.taskbundle`); None: ask containerd."""
+        if self.state_dir is None:
+            return None
+        return taskbundle.pin_init(self.state_dir, self.namespace, container_id, self.proc_root)
+
+    def _signal_unpinned(self, container_id: str, pid: int, fd: int) -> Pinned | None:
+        """SIGKILL one task's init pinned just now (``fd``); its pin, or None (the fd closed)
+        when the signal failed."""
+        pin = Pinned(container_id, pid, fd, pidpins.namespace_init(fd))  # read before the signal
+        if self.boost is not None:  # also before the signal: an exited init is reaped at once
+            pin.knobs = cpu_knobs(pid, proc_root=self.proc_root, cgroup_root=self.cgroup_root)
+            if pidpins.exited_fds([fd]):
+                pin.knobs = ()  # gone meanwhile: the PID's cgroup may be another process's
+        if self.mntns is not None:
+            self.mntns.hold([(fd, pid)])
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except OSError as exc:
+            log.debug("direct SIGKILL of %s (pid %d) failed: %s", container_id, pid, exc)
+            pin.close()
+            return None
+        return pin
 
     def _settle(self, p: _Pending, deadline: float) -> TaskStopResult:
         kill_gone = False

@@ -104,6 +104,8 @@ def build_agent(
             verify_by_pidfd=config.eviction.verify_by_pidfd,
             pin_pidfds=config.eviction.pin_pidfds,
             boost_cpu=config.eviction.boost_cpu,
+            hold_mount_ns=config.eviction.hold_mount_ns,
+            state_dir=config.containerd_state_dir or config.containerd_socket.parent,
         ),
         pod_resources=PodResourcesView(config.pod_resources_socket),
         guard_factory=guard_factory,

@@ -394,6 +394,12 @@ class EvictionConfig:
     containers' cgroups and their ancestors from the kill until their stops are verified: a
     dying process must still run to exit, and a spot pod's cgroups otherwise get the smallest
     share of a busy node (:mod:`spotgpu.util.cpuboost`); ``false``: weights untouched."""
+    hold_mount_ns: bool = True
+    """Hold a reference to each killed spot container's mount namespace from just before the
+    SIGKILL until after the owner's release: the container's last process then exits without
+    tearing the namespace down (an RCU grace period inside ``exit``, tens of ms on a busy node),
+    and the teardown runs on a thread of the agent after the release
+    (:mod:`spotgpu.adapters.mntns`); ``false``: the exits tear their namespaces down."""
     defer_detection: bool = True
     """Detection cycles wait while an eviction runs (they take the solver's lock, the GIL and
     a CPU the eviction needs)."""
@@ -415,6 +421,10 @@ class AgentConfig:
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     containerd_socket: Path = Path("/run/containerd/containerd.sock")
     containerd_namespace: str = "k8s.io"
+    containerd_state_dir: Path | None = None
+    """containerd's ``state`` folder (its shims' task bundles, where the init PID of a spot
+    container not pinned yet is read on a return with no containerd call); None: the folder of
+    ``containerdSocket`` (``/run/containerd``, containerd's default for both)."""
     sigterm_grace: Seconds = Seconds(0.0)
     """Seconds between SIGTERM and SIGKILL when evicting; 0 means SIGKILL at once."""
     metrics_address: str = "0.0.0.0:9477"

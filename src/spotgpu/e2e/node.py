@@ -237,6 +237,7 @@ class Node:
                 "podResourcesSocket": str(self.pod_resources.socket),
                 "containerdSocket": self.containerd.address,
                 "containerdNamespace": CONTAINERD_NAMESPACE,
+                "containerdStateDir": str(self.containerd.base / "state"),
                 "metricsAddress": f"127.0.0.1:{self.metrics_port}",
                 "runtimeSocket": str(run / "agent.sock"),
                 "stateFile": str(run / "agent-state.json"),
