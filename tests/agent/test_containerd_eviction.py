@@ -10,6 +10,7 @@ import hashlib
 import os
 import select
 import stat
+import subprocess
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -449,3 +450,76 @@ def test_killed_containers_cgroups_get_the_top_cpu_weight_until_their_stops_are_
 
 def k_value(file: Path) -> str:
     return {"cpu.shares": "262144", "cpu.weight": "10000", "cpu.idle": "0"}[file.name]
+
+
+class CountingTasks:
+    """containerd's Tasks stub, counting the ``Get`` calls made through it."""
+
+    def __init__(self, stub: object) -> None:
+        self.stub = stub
+        self.gets = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.stub, name)
+
+    @property
+    def Get(self) -> object:
+        self.gets += 1
+        return self.stub.Get  # type: ignore[attr-defined]
+
+
+def cri_id(i: int) -> str:
+    return hashlib.sha256(f"victim-{i}-{uuid.uuid4()}".encode()).hexdigest()
+
+
+def test_unpinned_containers_are_killed_from_their_bundles_with_their_mount_namespaces_held(node: Node) -> None:
+    """A return with no containerd call for containers not pinned yet: each init's PID from its
+    shim's bundle (``init.pid``, accepted because the process's cgroup names the CRI ID), each
+    mount namespace held across the exit (its teardown is not part of the stop) and dropped
+    after the release."""
+    tasks = ContainerdTasks(node.containerd.address, NS, state_dir=node.containerd.base / "state")
+    counting = CountingTasks(tasks._tasks)
+    tasks._tasks = counting  # type: ignore[assignment]
+    ids = [cri_id(i) for i in range(2)]
+    try:
+        for i, cid in enumerate(ids):
+            node.run(cid, hold(node.gpus[0]), PodRef("spot", f"v{i}"))
+        results = tasks.stop_tasks(ids, grace=0, timeout=10)
+        assert [(r.state, r.detail) for r in results] == [
+            (TaskState.STOPPED, "init exited (pid from the task bundle)")
+        ] * 2
+        assert counting.gets == 0
+        assert not DeviceNodeBackend([DeviceNode(DeviceID("GPU-0"), str(node.gpus[0]), 0, 0)]).processes()["GPU-0"]
+        assert tasks.mntns is not None and tasks.mntns.held_total == 2 and len(tasks.mntns) == 2
+        tasks.after_release()
+        assert len(tasks.mntns) == 0
+        for cid in ids:
+            eventually_stopped(node, cid)
+    finally:
+        tasks.close()
+
+
+def test_a_bundle_pid_that_names_a_stranger_is_never_signalled(node: Node) -> None:
+    """The attack on the bundle path: the file names a PID that is not the container's (its init
+    exited and the PID was reused, or the file was tampered with). That process's cgroup does not
+    name the container: it is left alone, and the container's init comes from containerd."""
+    tasks = ContainerdTasks(node.containerd.address, NS, state_dir=node.containerd.base / "state")
+    cid = cri_id(0)
+    stranger = subprocess.Popen(["sleep", "1000"])
+    try:
+        node.run(cid, hold(node.gpus[0]), PodRef("spot", "v0"))
+        pid_file = node.containerd.base / "state" / "io.containerd.runtime.v2.task" / NS / cid / "init.pid"
+        real = pid_file.read_text()
+        pid_file.write_text(str(stranger.pid))
+        try:
+            (result,) = tasks.stop_tasks([cid], grace=0, timeout=10)
+        finally:
+            pid_file.write_text(real)
+        assert (result.state, result.detail) == (TaskState.STOPPED, "init exited (pid from containerd)")
+        assert stranger.poll() is None, "the stranger was signalled"
+        tasks.after_release()
+        eventually_stopped(node, cid)
+    finally:
+        stranger.kill()
+        stranger.wait(10)
+        tasks.close()

@@ -60,6 +60,7 @@ def test_bench_agent_compares_configurations_with_detection_running(
         "verify_by_pidfd": False,
         "defer_detection": False,
         "boost_cpu": False,
+        "hold_mount_ns": False,
     }
     assert set(result["met"]) == {f"8 containers, background load 0, default: {bar}" for bar in bars(8, 0)}
     assert result["environment"]["cores"] >= 1 and "load_average_after" in result["environment"]

@@ -130,6 +130,7 @@ class ContainerdTasks:
         verify_by_pidfd: bool = True,
         pin_pidfds: bool = True,
         boost_cpu: bool = True,
+        boost: CpuBoost | None = None,
         hold_mount_ns: bool = True,
         cgroup_root: Path = Path("/sys/fs/cgroup"),
         state_dir: Path | None = None,
@@ -145,8 +146,9 @@ class ContainerdTasks:
         self.state_dir = state_dir
         """containerd's state folder (its task bundles: an unpinned task's init PID with no
         containerd call); None: init PIDs of unpinned tasks come from ``Tasks.Get``."""
-        self.boost: CpuBoost | None = CpuBoost() if boost_cpu else None
-        """Raises the killed containers' CPU weight until their stops are verified; None: off."""
+        self.boost: CpuBoost | None = (boost or CpuBoost()) if boost_cpu else None
+        """Raises the killed containers' CPU weight until their stops are verified; None: off
+        (``boost``: a counter shared with the guard's releases)."""
         self.mntns: MountNamespaceHold | None = MountNamespaceHold(proc_root) if hold_mount_ns else None
         """Holds the killed containers' mount namespaces until after the release; None: off."""
         self.pins: PinTable | None = (

@@ -109,6 +109,11 @@ class MountNamespaceHold:
         with self._lock:
             return len(self._held)
 
+    def held(self) -> list[int]:
+        """Our fds of the namespaces held now (diagnostics, tests)."""
+        with self._lock:
+            return list(self._held.values())
+
     def hold(self, pins: Iterable[tuple[int, int]]) -> int:
         """Hold the mount namespace of each ``(pidfd, pid)`` (call before signalling them); returns
         how many new namespaces are held. Never raises."""

@@ -42,11 +42,19 @@ _NAMESPACE: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_-]|\.(?!\.)){0,75}")
 _MAX_PID_FILE: Final = 32
 
 
-def init_pid(state_dir: Path, namespace: str, container_id: str) -> int | None:
-    """The PID the task's ``init.pid`` names, or None (no such file, not a PID, odd names)."""
+def pid_file(state_dir: Path, namespace: str, container_id: str) -> Path | None:
+    """Where the task's shim keeps its init's PID; None for a name that is not a CRI container
+    ID or not a containerd namespace name (no such name leaves ``<state>/TASK_DIR/<ns>/``)."""
     if not _HEX64.fullmatch(container_id) or not _NAMESPACE.fullmatch(namespace):
         return None
-    path = state_dir / TASK_DIR / namespace / container_id / "init.pid"
+    return state_dir / TASK_DIR / namespace / container_id / "init.pid"
+
+
+def init_pid(state_dir: Path, namespace: str, container_id: str) -> int | None:
+    """The PID the task's ``init.pid`` names, or None (no such file, not a PID, odd names)."""
+    path = pid_file(state_dir, namespace, container_id)
+    if path is None:
+        return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
@@ -89,4 +97,4 @@ def pin_init(
     return pid, fd
 
 
-__all__ = ["TASK_DIR", "init_pid", "pin_init"]
+__all__ = ["TASK_DIR", "init_pid", "pid_file", "pin_init"]

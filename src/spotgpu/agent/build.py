@@ -27,6 +27,7 @@ from spotgpu.nri.config import NriConfig
 from spotgpu.ports.node import GpuBackend, UtilizationReader
 from spotgpu.runtime.config import RuntimeConfig
 from spotgpu.runtime.service import RuntimeService
+from spotgpu.util.cpuboost import CpuBoost
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +87,14 @@ def build_agent(
     runtime: RuntimeConfig | None = None,
     metrics: AgentMetrics | None = None,
     nri: NriConfig | None = None,
+    cpu_boost: CpuBoost | None = None,
 ) -> Agent:
     """An agent with the real node adapters the configuration names, hosting spotgpu-runtime's
     service configured by ``runtime`` (None: no service, e.g. a node without the runtime), in NRI
     mode when ``nri.enabled``.
 
-    Pass ``metrics`` when something else must share its registry (the guard's metrics)."""
+    Pass ``metrics`` when something else must share its registry (the guard's metrics), and
+    ``cpu_boost`` when something else raises CPU weights too (the guard, at its releases)."""
     metrics = metrics or AgentMetrics()
     return Agent(
         config,
@@ -104,6 +107,7 @@ def build_agent(
             verify_by_pidfd=config.eviction.verify_by_pidfd,
             pin_pidfds=config.eviction.pin_pidfds,
             boost_cpu=config.eviction.boost_cpu,
+            boost=cpu_boost,
             hold_mount_ns=config.eviction.hold_mount_ns,
             state_dir=config.containerd_state_dir or config.containerd_socket.parent,
         ),

@@ -99,7 +99,9 @@ TARGETS: dict[str, Any] = {
     "detect_cycle_cpu_ms": {"any_load": 5.0, "applies_to": "8 containers"},
     "configuration": "default",
 }
-_OFF = EvictionConfig(realtime=False, pin_pidfds=False, verify_by_pidfd=False, defer_detection=False, boost_cpu=False)
+_OFF = EvictionConfig(
+    realtime=False, pin_pidfds=False, verify_by_pidfd=False, defer_detection=False, boost_cpu=False, hold_mount_ns=False
+)
 CONFIGS: dict[str, EvictionConfig] = {
     "default": EvictionConfig(),
     "legacy": _OFF,
@@ -108,6 +110,7 @@ CONFIGS: dict[str, EvictionConfig] = {
     "no-realtime": replace(EvictionConfig(), realtime=False),
     "no-defer": replace(EvictionConfig(), defer_detection=False),
     "no-boost": replace(EvictionConfig(), boost_cpu=False),
+    "no-mntns": replace(EvictionConfig(), hold_mount_ns=False),
 }
 """``--configs`` names: ``agent.eviction`` with switches off (``legacy``: all of them, the return
 path before issue 15)."""
@@ -471,6 +474,7 @@ def _task_ports(address: str, configs: Sequence[str]) -> dict[str, ContainerdTas
             verify_by_pidfd=CONFIGS[name].verify_by_pidfd,
             pin_pidfds=CONFIGS[name].pin_pidfds,
             boost_cpu=CONFIGS[name].boost_cpu,
+            hold_mount_ns=CONFIGS[name].hold_mount_ns,
         )
         for name in configs
     }

@@ -166,7 +166,8 @@ def containerd_version(binary: str | os.PathLike[str] = "containerd") -> dict[st
 
 def git_revision(directory: Path | None = None) -> dict[str, Any] | None:
     """``{"revision", "dirty"}`` of the checkout holding ``directory`` (default: this package's
-    source); None when it is not a git checkout (an installed wheel) or git is missing."""
+    source); None when it is not a git checkout (an installed wheel) or git is missing. Changes
+    under ``docs/results`` do not count: a batch of runs writes its result files there."""
     where = directory or Path(__file__).resolve().parent
     base = ["git", "-c", "safe.directory=*", "-C", str(where)]
     revision = _first_line([*base, "rev-parse", "HEAD"])
@@ -174,7 +175,11 @@ def git_revision(directory: Path | None = None) -> dict[str, Any] | None:
         return None
     try:
         status = subprocess.run(
-            [*base, "status", "--porcelain"], capture_output=True, text=True, timeout=_TOOL_TIMEOUT, check=False
+            [*base, "status", "--porcelain", "--", ":(top)", ":(exclude,top)docs/results"],
+            capture_output=True,
+            text=True,
+            timeout=_TOOL_TIMEOUT,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return {"revision": revision, "dirty": None}

@@ -189,7 +189,7 @@ class ProbedTasks(ContainerdTasks):
             future.add_done_callback(lambda _f: marks.wait_done.append(time.monotonic_ns()))
         return future
 
-    def _kill_now(self, container_ids: list[str], pinned: set[str], raised: list[Raised]) -> dict[str, Pinned]:
+    def _kill_now(self, container_ids: list[str], pinned: dict[str, str], raised: list[Raised]) -> dict[str, Pinned]:
         signalled = {} if self.strategy == "kill-rpc" else super()._kill_now(container_ids, pinned, raised)
         if self.probe.on_guard_thread():
             self.probe.marks.killed = time.monotonic_ns()

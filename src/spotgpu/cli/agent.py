@@ -25,6 +25,7 @@ from spotgpu.core.config import AgentConfig, ConfigError, load_yaml_file
 from spotgpu.core.errors import SpotgpuError
 from spotgpu.core.ids import NodeName
 from spotgpu.core.refs import ContainerRef
+from spotgpu.util.cpuboost import CpuBoost
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -40,10 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def guard_factory(
-    config: AgentConfig, registry: CollectorRegistry | None = None
+    config: AgentConfig, registry: CollectorRegistry | None = None, boost: CpuBoost | None = None
 ) -> Callable[[Callable[[ContainerRef], None]], GuardPort] | None:
     """The return guard's service, when enabled and installed (spotgpu.guard.service.GuardService),
-    with its metrics in ``registry`` (the agent's, so they appear on the agent's ``/metrics``)."""
+    with its metrics in ``registry`` (the agent's, so they appear on the agent's ``/metrics``)
+    and the CPU-weight raises counted in ``boost`` (the one the agent's task port uses, so
+    overlapping raises of one cgroup by both are counted together)."""
     if not config.guard.enabled:
         log.info("return guard disabled by configuration: return detection by polling only")
         return None
@@ -61,6 +64,7 @@ def guard_factory(
             registry=registry,
             realtime=config.eviction.realtime,
             boost_cpu=config.eviction.boost_cpu,
+            boost=boost,
         )
         return guard
 
@@ -102,13 +106,15 @@ def run(args: argparse.Namespace) -> int:
     from spotgpu.kube.client import connect
 
     metrics = AgentMetrics()
+    boost = CpuBoost() if config.eviction.boost_cpu else None  # one count for the guard and the kills
     try:
         kube = KubeAgentPort(connect(kubeconfig=args.kubeconfig))
         agent = build_agent(
             config,
             node=NodeName(node),
             kube=kube,
-            guard_factory=guard_factory(config, metrics.registry),
+            guard_factory=guard_factory(config, metrics.registry, boost),
+            cpu_boost=boost,
             runtime=runtime,
             metrics=metrics,
             nri=nri,

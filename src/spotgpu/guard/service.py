@@ -106,14 +106,16 @@ class GuardService:
         reconnect_interval: float = 0.5,
         realtime: bool = False,
         boost_cpu: bool = False,
+        boost: CpuBoost | None = None,
     ) -> None:
         self.config = config
         self.realtime = realtime
         """Raise the loop thread's priority (``SCHED_RR`` 10, or nice -10 when refused)."""
-        self.boost = CpuBoost() if boost_cpu else None
+        self.boost = (boost or CpuBoost()) if boost_cpu else None
         """Raises the CPU weight of a released owner thread's cgroups for ``RELEASE_BOOST_S``
         (the agent's ``agent.eviction.boostCpu``; :mod:`spotgpu.util.cpuboost`): the thread
-        must run to return from its held call, on a node whose CPUs other pods keep busy."""
+        must run to return from its held call, on a node whose CPUs other pods keep busy.
+        ``boost``: a counter shared with the agent's kills (one count per cgroup file)."""
         self._hold_knobs: dict[tuple[str, int], tuple[Knob, ...]] = {}
         """(notify fd key, notification id) of a held call -> its thread's CPU-weight knobs."""
         self._boosts: set[Raised] = set()
