@@ -8,6 +8,8 @@ Record while the node e2e runs, then summarise (root; tracefs mounted at /sys/ke
     kill -INT %1; perf script -i sched.data > sched.txt
     python scripts/return_path_trace.py sched.txt "$(git rev-parse HEAD)" > docs/results/return-path-trace-DATE.json
 
+(a third argument names the node-e2e arguments when they differ from the ones above).
+
 A return is the SIGKILLs of spot processes (``comm=sleep``, the e2e's spot containers) within 50
 ms of each other; times are milliseconds from its first SIGKILL: the owner's call waking the
 guard's thread (a real-time thread, priority 89 in the trace), each victim's signal, its exit
@@ -99,6 +101,7 @@ def summarise(rows: list[Row], group: list[tuple[float, int]]) -> dict[str, Any]
     victims = [victim(rows, t0, ts, pid) for ts, pid in group]
     ms = _relative(t0)
     return {
+        "first_sigkill_s": round(t0, 6),
         "owner_call_ms": ms(call),
         "victims": victims,
         "last_zombie_ms": max(v["zombie_ms"] or 0 for v in victims),
@@ -108,19 +111,21 @@ def summarise(rows: list[Row], group: list[tuple[float, int]]) -> dict[str, Any]
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
+    if len(argv) not in (2, 3):
         print(__doc__, file=sys.stderr)
         return 2
     rows = read(argv[0])
+    run = argv[2] if len(argv) == 3 else "--spot-containers 8 --cycles 3 --background-load 2"
     doc = {
         "command": "perf record -e sched:sched_switch,sched:sched_wakeup,sched:sched_process_exit,"
-        "signal:signal_generate -a -- (during) spotgpu node-e2e --spot-containers 8 --cycles 3 "
-        "--background-load 2; perf script; python scripts/return_path_trace.py",
+        f"signal:signal_generate -a -- (during) spotgpu node-e2e {run}; perf script; "
+        "python scripts/return_path_trace.py",
         "date": datetime.date.today().isoformat(),
         "machine": f"{os.cpu_count()}-vCPU machine of the CI kind, kernel {platform.release()}; nothing else running "
         "but the run and perf",
         "revision": argv[1],
-        "note": "owner_call_ms: the owner's GPU call waking the guard's thread; zombie_ms: the victim's exit "
+        "note": "first_sigkill_s: the trace clock of the group's first SIGKILL (SIGKILLs more than 50 ms apart "
+        "make two groups); owner_call_ms: the owner's GPU call waking the guard's thread; zombie_ms: the victim's exit "
         "complete (its pidfd readable); owner_woken_ms: the guard's release waking the owner; owner_on_cpu_ms: "
         "the owner's thread running again",
         "returns": [summarise(rows, g) for g in returns(rows)],

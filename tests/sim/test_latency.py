@@ -51,13 +51,13 @@ def test_a_constant_draws_nothing() -> None:
 def test_kill_reads_both_terms_at_one_quantile() -> None:
     """The fit: killFirstTask + 7 x killExtraTask reproduces node-e2e's 8-container eviction p50 and p99."""
     lat = Latencies()
-    assert lat.kill_first_task.at(0.5) + 7 * lat.kill_extra_task.at(0.5) == pytest.approx(9.41e-3, abs=1e-5)
-    assert lat.kill_first_task.at(0.99) + 7 * lat.kill_extra_task.at(0.99) == pytest.approx(41.73e-3, abs=2e-5)
+    assert lat.kill_first_task.at(0.5) + 7 * lat.kill_extra_task.at(0.5) == pytest.approx(5.24e-3, abs=1e-5)
+    assert lat.kill_first_task.at(0.99) + 7 * lat.kill_extra_task.at(0.99) == pytest.approx(11.97e-3, abs=2e-5)
     rng = random.Random(3)
     u = random.Random(3).random()
     assert lat.kill(8, rng) == pytest.approx(lat.kill_first_task.at(u) + 7 * lat.kill_extra_task.at(u))
     draws = [lat.kill(8, rng) for _ in range(2000)]
-    assert min(draws) >= 9.41e-3 - 1e-5 and max(draws) <= lat.kill_upper(8) + 1e-12
+    assert min(draws) >= 5.24e-3 - 1e-5 and max(draws) <= lat.kill_upper(8) + 1e-12
     assert lat.kill(0, rng) == 0.0
 
 
@@ -74,7 +74,10 @@ def test_defaults_name_their_source() -> None:
         "spotStart",
         "reservedStart",
     }
-    signal = {"quantiles_ms": [[0.5, 0.436], [0.99, 0.543]], "source": defaults.GUARD_SIGNAL.source}
+    signal = {
+        "quantiles_ms": [list(row) for row in defaults.GUARD_SIGNAL.quantiles_ms],
+        "source": defaults.GUARD_SIGNAL.source,
+    }
     assert described["guardSignal"] == signal
 
 

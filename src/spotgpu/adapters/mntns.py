@@ -11,7 +11,7 @@ the last of them to exit tears it down inside ``do_exit``, *before* the exit com
 ``free_nsproxy`` -> ``put_mnt_ns`` -> ``umount_tree`` -> ``namespace_unlock`` ->
 ``synchronize_rcu_expedited()``. On a busy node with preemptible RCU that grace period waits for
 every reader preempted inside a read-side section, and the dying process sits in ``D`` state for
-it: 20-60 ms in some returns on a 2-core node (the stack of every slow exit sampled there ends in
+it: 25-70 ms in some returns on a 2-core node (the stack of every slow exit sampled there ends in
 ``namespace_unlock``), and the owner's hold waits for the slowest victim. Holding a reference to
 each victim's mount namespace turns that step of its exit into a reference drop: its files (the
 GPU's) are closed as before, its pidfd turns readable at once, and the teardown (the grace period

@@ -8,7 +8,7 @@ the kubelet's) and what to do with the process. Side effects: reads of
 Why (measured, docs/agent.md "Where the return path's time goes under load"): a spot container
 started moments before its owner returns is not pinned yet (:mod:`spotgpu.adapters.pidpins`),
 and asking containerd for its init PID (``Tasks.Get``: containerd, then the task's shim, two
-processes to wake on a saturated CPU) took 60 ms in a traced return on a 2-core node under load
+processes to wake on a saturated CPU) took 64 ms in a traced return on a 2-core node under load
 while every pinned victim had exited. The shim writes the init's PID into the task's bundle
 when it creates the task (runc's ``--pid-file``; the same layout in containerd 1.6 to 2.2), in
 containerd's state folder, which only root can write; the agent mounts that folder with the

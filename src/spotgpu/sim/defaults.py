@@ -29,15 +29,16 @@ To update from a new result file, replace the rows (e.g.
 MEASURED_ON.
 
 Cross-check (2026-12-01): for a return with 8 spot tasks the model's median hold is
-``guardSignal + killFirstTask + 7 * killExtraTask + guardRelease`` = 0.436 + 0.74 + 7 x 1.239 +
-0.343 = 10.19 ms against ``return_hold_ms_p50`` 10.52 of the same ``spotgpu node-e2e`` run
-(docs/results/node-e2e-8-quiet-2026-12-01.json): the kill step is fitted to that run's eviction,
-so the medians agree by construction. Its p99 rows sum to 86 ms against the run's p99 (its
-maximum of 30) 62.7 ms: the run's slowest evictions and slowest wake-ups after the release came
-in different cycles, while a draw that is slow in both is possible in the model. The kill steps
-are node-e2e's, not ``bench agent``'s (0.74 / 2.82 ms for 1 / 8 tasks: busybox containers
-through containerd, no CRI pods): through CRI each spot process's exit waits for CPU behind
-containerd-shim and containerd (docs/node-e2e.md, "Where the hold goes").
+``guardSignal + killFirstTask + 7 * killExtraTask + guardRelease`` = 0.426 + 0.88 + 7 x 0.623 +
+0.486 = 6.15 ms against ``return_hold_ms_p50`` 6.14 of the same ``spotgpu node-e2e`` run
+(docs/results/node-e2e-8-quiet-mntns-2026-12-01.json): the kill step is fitted to that run's
+eviction, so the medians agree by construction. Its p99 rows sum to 13.2 ms against the run's p99
+(its maximum of 30) 12.9 ms. The kill steps are node-e2e's, not ``bench agent``'s (0.88 / 2.15 ms
+for 1 / 8 tasks: busybox containers through containerd, no CRI pods): through CRI each spot
+process's exit waits for CPU behind containerd-shim and containerd (docs/node-e2e.md, "Where the
+hold goes"). These figures are of the return path with ``agent.eviction.holdMountNs`` (the
+victims' mount namespaces held across their exits); before it (the ``-boost`` and earlier runs)
+a return of 8 took about twice as long at the median and up to 5x at the p99.
 """
 
 from __future__ import annotations
@@ -65,25 +66,26 @@ MEASURED_ON: Final = "2026-12-01"
 DETECT_INTERVAL_S: Final = Seconds(_AGENT.detect_interval)
 """Lowpower detector polling period. Source: ``AgentConfig.detect_interval`` (10 s). The lending
 delay it implies (``maxInactiveTime`` after the owner's last activity, rounded up to the poll
-grid) matches ``spotgpu node-e2e``: ``lend_detect_s`` 1.12 (median of 30) with detectInterval
-0.25 s and maxInactiveTime 1 s (2026-12-01, docs/results/node-e2e-8-quiet-2026-12-01.json)."""
+grid) matches ``spotgpu node-e2e``: ``lend_detect_s`` 1.09 (median of 30) with detectInterval
+0.25 s and maxInactiveTime 1 s (2026-12-01, docs/results/node-e2e-8-quiet-mntns-2026-12-01.json)."""
 
 MAX_INACTIVE_TIME_S: Final = Seconds(_AGENT.max_inactive_time)
 """Owner inactivity before lending. Source: ``AgentConfig.max_inactive_time`` (10 min)."""
 
 # --- return path (guard + eviction) -----------------------------------------------------------
 GUARD_SIGNAL: Final = Measured(
-    ((0.50, 0.436), (0.99, 0.543)),
+    ((0.50, 0.426), (0.99, 0.637)),
     "spotgpu node-e2e --spot-containers 8 --cycles 30: guard_signal_ms_p50/_p99, 2026-12-01 "
-    "(docs/results/node-e2e-8-quiet-2026-12-01.json)",
+    "(docs/results/node-e2e-8-quiet-mntns-2026-12-01.json)",
 )
 """Owner's first GPU call -> the agent's owner-back handler runs (seccomp notification, guard,
 handler)."""
 
 KILL_FIRST_TASK: Final = Measured(
-    ((0.50, 0.74), (0.99, 1.04)),
-    "spotgpu bench agent --containers 1,8,16,32 --background-load 0,2 --configs default,legacy: containers 1, "
-    "config default, background load 0: eviction_ms_p50/_p99, 2026-12-01 (docs/results/bench-agent-2026-12-01.json)",
+    ((0.50, 0.88), (0.99, 1.05)),
+    "spotgpu bench agent --containers 1,8,16,32 --background-load 0,2 --configs default,no-mntns,legacy: containers "
+    "1, config default, background load 0: eviction_ms_p50/_p99, 2026-12-01 "
+    "(docs/results/bench-agent-mntns-2026-12-01.json)",
 )
 """The agent's eviction of one spot task: owner-back signal -> the task verified stopped
 (containerd Tasks/Kill SIGKILL + Wait, through gRPC).
@@ -93,31 +95,32 @@ every task at once; each further exit adds the kernel's and containerd's work th
 a small node), both terms read at the same quantile of one draw (a slow machine is slow for every
 task). The first task is ``bench agent``'s 1-container figure (pinned pidfds, no containerd call
 before the kill); the per-task step is fitted so that the model reproduces ``spotgpu node-e2e``'s
-8-container eviction at each quantile: p50 ``(9.41 - 0.74) / 7`` = 1.239 ms, p99 ``(41.73 - 1.04)
-/ 7`` = 5.813 ms. With 32 tasks under background load 2 the same model gives 39.2 / 181 ms
-against node-e2e's 84.9 / 184.9 ms (docs/results/node-e2e-32-load2-2026-12-01.json): the model
-has no load term."""
+8-container eviction at each quantile: p50 ``(5.24 - 0.88) / 7`` = 0.623 ms, p99 ``(11.97 - 1.05)
+/ 7`` = 1.560 ms. With 32 tasks the same model gives 20.2 / 49.4 ms against node-e2e's 22.0 /
+46.8 ms under background load 2 (docs/results/node-e2e-32-load2-mntns-2026-12-01.json): close,
+although the model has no load term."""
 
 KILL_EXTRA_TASK: Final = Measured(
-    ((0.50, 1.239), (0.99, 5.813)),
+    ((0.50, 0.623), (0.99, 1.560)),
     "fitted: killFirstTask + 7 x killExtraTask = spotgpu node-e2e --spot-containers 8 --cycles 30 eviction_ms_p50 "
-    "9.41 / _p99 41.73, 2026-12-01 (docs/results/node-e2e-8-quiet-2026-12-01.json)",
+    "5.24 / _p99 11.97, 2026-12-01 (docs/results/node-e2e-8-quiet-mntns-2026-12-01.json)",
 )
 """Each further spot task on the same owner's GPUs (see KILL_FIRST_TASK for the fit)."""
 
 GUARD_RELEASE: Final = Measured(
-    ((0.50, 0.343), (0.99, 43.72)),
-    "spotgpu node-e2e --spot-containers 8 --cycles 30: released_ms_p50 9.69 - eviction_ms_p50 9.41 (the agent's "
-    "release step) + guard_release_ms_p50 0.063 / _p99 43.443, 2026-12-01 "
-    "(docs/results/node-e2e-8-quiet-2026-12-01.json); the agent's step p99 not measured",
+    ((0.50, 0.486), (0.99, 0.606)),
+    "spotgpu node-e2e --spot-containers 8 --cycles 30: released_ms_p50 5.68 - eviction_ms_p50 5.24 (the agent's "
+    "release step) + guard_release_ms_p50 0.046 / _p99 0.166, 2026-12-01 "
+    "(docs/results/node-e2e-8-quiet-mntns-2026-12-01.json); the agent's step p99 not measured",
 )
 """Every spot task stopped -> the owner's held call continues. Two parts: the agent's release
-step (forget the evicted users, disarm the guard, republish the device plugin's list), 0.28 ms
+step (forget the evicted users, disarm the guard, republish the device plugin's list), 0.44 ms
 at the median; and the guard letting the held call go until the owner's thread runs again
-(``guard_release_ms``: p50 0.063 ms; its p99, 43.4 ms, is the owner waiting for a CPU while
-containerd and the shims handle the exits; ``bench guard``'s release alone is p99 0.147 ms). The
-p99 row is the agent's median plus that p99 (assumption: the agent's release step has no p99 of
-its own; a difference of two p99s is no p99)."""
+(``guard_release_ms``: p50 0.046 ms, p99 0.166 ms on the quiet node; under background load 2 the
+owner waits for a CPU behind containerd, the shims and runc handling the exits: p50 5.3, p99
+18.1 ms, docs/results/node-e2e-8-load2-mntns-2026-12-01.json; ``bench guard``'s release alone is
+p99 0.14 ms). The p99 row is the agent's median plus that p99 (assumption: the agent's release
+step has no p99 of its own; a difference of two p99s is no p99)."""
 
 FAIL_OPEN_TIMEOUT_S: Final = Seconds(_GUARD.fail_open_timeout)
 """A held owner call is released after this long whatever happens. Source:
@@ -142,9 +145,9 @@ def schedule_period(nodes: int) -> float:
 
 
 SPOT_START: Final = Measured(
-    ((0.50, 126.42), (0.99, 162.24)),
+    ((0.50, 132.5), (0.99, 167.67)),
     "spotgpu node-e2e --spot-containers 8 --cycles 30 spot_start_ms_p50/_p99, 2026-12-01 "
-    "(docs/results/node-e2e-8-quiet-2026-12-01.json)",
+    "(docs/results/node-e2e-8-quiet-mntns-2026-12-01.json)",
 )
 """Bind -> spot containers running, the image already on the node: the device plugin's Allocate
 of a twin, the pod-resources grant and the kubelet CRI double's CreateContainer + StartContainer
@@ -171,7 +174,7 @@ GANG_TEARDOWN_S: Final = Seconds(1.0)
 """An evicted gang's remaining pods (on other nodes or GPUs) release their GPUs after this long
 (pod deletion through the API server and kubelet). Assumption: no benchmark measures pod
 deletion against a real API server and kubelet (``spotgpu node-e2e``'s
-``eviction_complete_ms_p99`` 151.8 ms deletes through an in-process API double). The work of
+``eviction_complete_ms_p99`` 148.2 ms deletes through an in-process API double). The work of
 every member stops at the eviction instant."""
 
 REQUEUE_DELAY_S: Final = Seconds(0.0)
