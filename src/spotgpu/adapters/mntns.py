@@ -5,7 +5,7 @@ when the owner has been released. Side effects: ``ioctl(PIDFD_GET_MNT_NAMESPACE)
 caller's pidfds (Linux 6.11+; before that ``open("/proc/<pid>/ns/mnt")`` checked against the
 pidfd), ``fstat`` and ``close`` of the namespace fds it gets, one short-lived thread per release.
 
-Why (measured, docs/agent.md "Where the return path's time goes under load"): a container's
+Why (measured, docs/node-e2e.md "Where the hold goes"): a container's
 processes are the only holders of its mount namespace (runc and the shim do not keep it), so
 the last of them to exit tears it down inside ``do_exit``, *before* the exit completes:
 ``free_nsproxy`` -> ``put_mnt_ns`` -> ``umount_tree`` -> ``namespace_unlock`` ->

@@ -5,7 +5,7 @@ the kubelet's) and what to do with the process. Side effects: reads of
 ``<state>/io.containerd.runtime.v2.task/<namespace>/<id>/init.pid`` and of
 ``/proc/<pid>/cgroup``, ``pidfd_open``.
 
-Why (measured, docs/agent.md "Where the return path's time goes under load"): a spot container
+Why (measured, docs/node-e2e.md "Where the hold goes"): a spot container
 started moments before its owner returns is not pinned yet (:mod:`spotgpu.adapters.pidpins`),
 and asking containerd for its init PID (``Tasks.Get``: containerd, then the task's shim, two
 processes to wake on a saturated CPU) took 64 ms in a traced return on a 2-core node under load
