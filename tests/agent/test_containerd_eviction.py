@@ -523,3 +523,25 @@ def test_a_bundle_pid_that_names_a_stranger_is_never_signalled(node: Node) -> No
         stranger.kill()
         stranger.wait(10)
         tasks.close()
+
+
+def test_with_holdmountns_off_the_stops_hold_no_namespace(node: Node) -> None:
+    """``agent.eviction.holdMountNs: false``: the same stop, and the agent keeps no namespace fd."""
+    tasks = ContainerdTasks(node.containerd.address, NS, hold_mount_ns=False, state_dir=node.containerd.base / "state")
+    cid = cri_id(0)
+    try:
+        node.run(cid, hold(node.gpus[0]), PodRef("spot", "v0"))
+        (result,) = tasks.stop_tasks([cid], grace=0, timeout=10)
+        assert (result.state, result.detail) == (TaskState.STOPPED, "init exited (pid from the task bundle)")
+        assert tasks.mntns is None
+        links = []
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                links.append(os.readlink(f"/proc/self/fd/{name}"))
+            except OSError:
+                continue
+        assert not [link for link in links if link.startswith("mnt:[")]
+        tasks.after_release()
+        eventually_stopped(node, cid)
+    finally:
+        tasks.close()
