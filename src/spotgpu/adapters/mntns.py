@@ -21,8 +21,8 @@ where nobody waits for it.
 Safety: a held namespace keeps the container's mounts (its rootfs, its volumes) alive, not any
 open file: no device is held, and an exited process has closed its files whatever namespaces
 outlive it. The hold is short (from the signal to the release, then one close each) and bounded:
-namespaces still held :data:`MAX_HOLD_S` after they were taken are dropped anyway, so a caller
-that never reports a release leaks nothing. The agent's own mount namespace is never held (it
+whatever is still held :data:`MAX_HOLD_S` after the oldest hold was taken is dropped anyway, so a
+caller that never reports a release leaks nothing. The agent's own mount namespace is never held (it
 never reaches zero references). A failure to get a namespace only costs the latency it would
 have saved: the kill goes on.
 """
@@ -46,7 +46,9 @@ PIDFD_GET_MNT_NAMESPACE = 0xFF03
 the pidfd's process's mount namespace; ``ESRCH`` once that process has exited."""
 
 MAX_HOLD_S = 5.0
-"""Namespaces held this long are dropped even if no release was reported."""
+"""Every held namespace is dropped at most this long after the oldest of them was taken, even if
+no release was reported (a later return's namespaces may go with it: that costs only the latency
+the hold saves, never a leak)."""
 
 _UNSUPPORTED = (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP)
 
