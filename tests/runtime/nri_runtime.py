@@ -64,7 +64,10 @@ class FakeRuntime:
             for conn_id, payload in self._mux.feed(data):
                 self.frames.append((conn_id, len(payload) + wire.MUX_HEADER.size))
                 for message in self._readers[conn_id].feed(payload):
-                    self._handle(conn_id, message)
+                    try:
+                        self._handle(conn_id, message)
+                    except (BrokenPipeError, ConnectionResetError):
+                        return  # the plugin hung up before our answer: as a runtime, drop the connection
 
     def _handle(self, conn_id: int, message: wire.Message) -> None:
         if conn_id == wire.RUNTIME_CONN and message.kind == wire.TYPE_REQUEST:
