@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,3 +198,15 @@ def make_rig(
 def _attach(guard: FakeGuard, handler: object) -> FakeGuard:
     guard.handler = handler  # type: ignore[assignment]
     return guard
+
+
+def mount_namespace_fds() -> set[int]:
+    """This process's fds that name a mount namespace (``mnt:[...]``)."""
+    found = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith("mnt:["):
+                found.add(int(name))
+        except OSError:
+            continue  # the listing's own fd, closed by now
+    return found

@@ -35,7 +35,7 @@ from spotgpu.testing.containerd import Containerd, make_rootfs
 from spotgpu.testing.fakes import FakeGuard, FakeKube, FakePodResources
 from spotgpu.util.cpuboost import Knob, Raised
 
-from .helpers import NODE, OWNER, cri_labels, gpu_alloc, pod, spot_alloc
+from .helpers import NODE, OWNER, cri_labels, gpu_alloc, mount_namespace_fds, pod, spot_alloc
 
 pytestmark = pytest.mark.root
 NS = "spotgpu-agent-test"
@@ -534,13 +534,7 @@ def test_with_holdmountns_off_the_stops_hold_no_namespace(node: Node) -> None:
         (result,) = tasks.stop_tasks([cid], grace=0, timeout=10)
         assert (result.state, result.detail) == (TaskState.STOPPED, "init exited (pid from the task bundle)")
         assert tasks.mntns is None
-        links = []
-        for name in os.listdir("/proc/self/fd"):
-            try:
-                links.append(os.readlink(f"/proc/self/fd/{name}"))
-            except OSError:
-                continue
-        assert not [link for link in links if link.startswith("mnt:[")]
+        assert not mount_namespace_fds()
         tasks.after_release()
         eventually_stopped(node, cid)
     finally:

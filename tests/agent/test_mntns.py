@@ -19,25 +19,15 @@ import pytest
 from spotgpu.adapters import mntns
 from spotgpu.adapters.mntns import MountNamespaceHold, open_mount_namespace
 
+from .helpers import mount_namespace_fds
+
 pytestmark = pytest.mark.root
-
-
-def ns_fds() -> set[int]:
-    """Our fds that name a mount namespace."""
-    found = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{name}").startswith("mnt:["):
-                found.add(int(name))
-        except OSError:
-            continue  # the listing's own fd, closed by now
-    return found
 
 
 def wait_gone(fds: set[int], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
-    while fds & ns_fds():
-        assert time.monotonic() < deadline, f"fds {fds & ns_fds()} never closed"
+    while fds & mount_namespace_fds():
+        assert time.monotonic() < deadline, f"fds {fds & mount_namespace_fds()} never closed"
         time.sleep(0.01)
 
 
@@ -102,7 +92,7 @@ def test_a_held_namespace_outlives_its_last_process_and_goes_at_the_release(vict
 
 
 def test_our_own_namespace_exited_processes_and_duplicates_are_not_held(victim: Victim) -> None:
-    before = ns_fds()
+    before = mount_namespace_fds()
     hold = MountNamespaceHold()
     plain = subprocess.Popen(["sleep", "1000"])  # shares our mount namespace
     plain_fd = os.pidfd_open(plain.pid)
@@ -117,7 +107,7 @@ def test_our_own_namespace_exited_processes_and_duplicates_are_not_held(victim: 
     finally:
         os.close(plain_fd)
         hold.release(wait=True)
-    assert ns_fds() == before, "a namespace fd leaked"
+    assert mount_namespace_fds() == before, "a namespace fd leaked"
 
 
 def test_without_the_ioctl_a_pid_whose_pinned_process_exited_is_not_held(
@@ -143,13 +133,13 @@ def test_without_the_ioctl_a_pid_whose_pinned_process_exited_is_not_held(
     fake_proc = tmp_path / "proc"
     (fake_proc / str(dead.pid) / "ns").mkdir(parents=True)
     (fake_proc / str(dead.pid) / "ns" / "mnt").symlink_to(f"/proc/{victim.pid}/ns/mnt")  # "reused"
-    before = ns_fds()
+    before = mount_namespace_fds()
     try:
         assert open_mount_namespace(dead_fd, dead.pid, proc_root=fake_proc) is None
         assert MountNamespaceHold(proc_root=fake_proc).hold([(dead_fd, dead.pid)]) == 0
     finally:
         os.close(dead_fd)
-    assert ns_fds() == before
+    assert mount_namespace_fds() == before
 
 
 def test_namespaces_are_dropped_after_the_longest_hold_without_a_release(

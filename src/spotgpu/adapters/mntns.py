@@ -32,14 +32,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import logging
 import os
-import signal
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from spotgpu.adapters.pidpins import exited_fds
 
 PIDFD_GET_MNT_NAMESPACE = 0xFF03
 """``_IO(PIDFS_IOCTL_MAGIC 0xFF, 3)`` (``include/uapi/linux/pidfd.h``, Linux 6.11): a new fd of
@@ -59,17 +57,6 @@ def _close_all(fds: Iterable[int]) -> None:
             os.close(fd)
 
 
-def _alive(pidfd: int) -> bool:
-    """Whether the pidfd's process has not exited (signal 0 checks without signalling)."""
-    try:
-        signal.pidfd_send_signal(pidfd, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # EPERM: it exists
-    return True
-
-
 def open_mount_namespace(pidfd: int, pid: int, proc_root: Path = Path("/proc")) -> int | None:
     """A new fd of the mount namespace of the process behind ``pidfd`` (PID ``pid`` in our PID
     namespace), or None (exited, not ours to see, no namespace). Through the pidfd when the kernel
@@ -84,7 +71,7 @@ def open_mount_namespace(pidfd: int, pid: int, proc_root: Path = Path("/proc")) 
         fd = os.open(proc_root / str(pid) / "ns" / "mnt", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
-    if not _alive(pidfd):
+    if exited_fds([pidfd]):
         os.close(fd)
         return None
     return fd

@@ -28,10 +28,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import select
 from pathlib import Path
 from typing import Final
 
+from spotgpu.adapters.pidpins import exited_fds
 from spotgpu.adapters.procattr import read_cgroup
 
 TASK_DIR: Final = "io.containerd.runtime.v2.task"
@@ -71,12 +71,6 @@ def init_pid(state_dir: Path, namespace: str, container_id: str) -> int | None:
     return pid if pid > 1 else None
 
 
-def _exited(pidfd: int) -> bool:
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(0))
-
-
 def pin_init(
     state_dir: Path, namespace: str, container_id: str, proc_root: Path = Path("/proc")
 ) -> tuple[int, int] | None:
@@ -90,7 +84,7 @@ def pin_init(
     except OSError:
         return None  # exited (or not visible from here: no hostPID)
     identity = read_cgroup(pid, proc_root)  # read after the pin: this is the pinned process
-    if identity is None or identity.container_id != container_id or _exited(fd):
+    if identity is None or identity.container_id != container_id or exited_fds([fd]):
         with contextlib.suppress(OSError):
             os.close(fd)
         return None
