@@ -23,6 +23,8 @@ Metric names (all prefixed ``spotgpu_agent_``):
   ``forged_shadow_pods``: pods on this node claiming to be ShadowPods without being authentic;
 * ``detector_errors_total{kind}``, ``collector_errors_total{source,kind}``,
   ``task_stop_failures_total``, ``pod_delete_failures_total``, ``detect_cycle_seconds``;
+  the release check: ``release_holders_killed_total{verdict}``, ``release_unclean_total{why}``,
+  ``release_check_seconds``;
 * ``runtime_answers_total{answer,reason}``: spotgpu-runtime's service answers (``unchanged``,
   ``modified``, ``refused``, ``retry``; refusals by reason), read from its engine at scrape time;
 * lending (``spotgpu.core.lending``): ``not_lent_total{reason}`` (idle owners not lent, once
@@ -116,6 +118,25 @@ class AgentMetrics:
         )
         self.pod_delete_failures = Counter(
             "spotgpu_agent_pod_delete_failures_total", "Spot pod deletions that failed (retried)", registry=r
+        )
+        self.release_holders_killed = Counter(
+            "spotgpu_agent_release_holders_killed_total",
+            "Processes the release check killed before an owner's release (victim-pod, foreign-gpu-holder, "
+            "foreign-control-holder): a process other than the owner's held its GPUs",
+            ["verdict"],
+            registry=r,
+        )
+        self.release_unclean = Counter(
+            "spotgpu_agent_release_unclean_total",
+            "Owner releases with a condemned holder still alive, or with the owner's pod unknown (check limited)",
+            ["why"],
+            registry=r,
+        )
+        self.release_check_seconds = Histogram(
+            "spotgpu_agent_release_check_seconds",
+            "Wall time of the release check on the return path",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0),
+            registry=r,
         )
         self.detect_cycle_seconds = Histogram(
             "spotgpu_agent_detect_cycle_seconds",

@@ -16,6 +16,7 @@ from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.adapters.agent_state import LendStateFile
 from spotgpu.adapters.containerd import ContainerdTasks
 from spotgpu.adapters.devnode_gpu import DeviceNode, DeviceNodeBackend
+from spotgpu.adapters.holderscan import DeviceFile, HolderScanner, ReleaseChecker, device_file
 from spotgpu.adapters.kubelet import PodResourcesView
 from spotgpu.agent.ports import GuardPort, KubePort
 from spotgpu.agent.service import Agent, RuntimeHost, RuntimeServiceFactory
@@ -24,7 +25,7 @@ from spotgpu.core.config import AgentConfig, GpuBackendKind, UtilizationSource
 from spotgpu.core.ids import DeviceID, NodeName
 from spotgpu.core.refs import ContainerRef
 from spotgpu.nri.config import NriConfig
-from spotgpu.ports.node import GpuBackend, UtilizationReader
+from spotgpu.ports.node import GpuBackend, ReleaseCheck, UtilizationReader
 from spotgpu.runtime.config import RuntimeConfig
 from spotgpu.runtime.service import RuntimeService
 from spotgpu.util.cpuboost import CpuBoost
@@ -42,6 +43,34 @@ def make_backend(config: AgentConfig) -> GpuBackend:
     from spotgpu.adapters.nvml import NvmlBackend
 
     return NvmlBackend()
+
+
+def make_release_check(config: AgentConfig, backend: GpuBackend) -> ReleaseCheck | None:
+    """The release invariant's checker (None when ``agent.eviction.releaseCheck.enabled`` is
+    false): the GPU nodes are the device-node backend's configured nodes, or ``/dev/nvidia<minor>``
+    of each GPU the backend reports; the control nodes are configured."""
+    check = config.eviction.release_check
+    if not check.enabled:
+        log.warning(
+            "agent.eviction.releaseCheck.enabled is false: a GPU fd held outside the spot pods survives a return"
+        )
+        return None
+    by_id = {DeviceID(n.id): (str(n.path), n.container_paths) for n in config.device_nodes}
+
+    def gpu_files(device: DeviceID) -> list[DeviceFile]:
+        if config.gpu_backend is GpuBackendKind.DEVNODE:
+            path, extra = by_id.get(device, ("", ()))
+            found = device_file(path, extra) if path else None
+            return [found] if found is not None else []
+        minors = [d.minor for d in backend.devices() if d.id == device and d.minor is not None]
+        files = [device_file(f"/dev/nvidia{m}") for m in minors]
+        return [f for f in files if f is not None]
+
+    def control_files() -> list[DeviceFile]:
+        files = [device_file(str(c.path), c.container_paths) for c in check.control_devices]
+        return [f for f in files if f is not None]
+
+    return ReleaseChecker(HolderScanner(check.cgroup_roots), gpu_files, control_files)
 
 
 def make_utilization(config: AgentConfig, metrics: AgentMetrics) -> UtilizationReader | None:
@@ -96,11 +125,12 @@ def build_agent(
     Pass ``metrics`` when something else must share its registry (the guard's metrics), and
     ``cpu_boost`` when something else raises CPU weights too (the guard, at its releases)."""
     metrics = metrics or AgentMetrics()
+    backend = backend or make_backend(config)
     return Agent(
         config,
         node=node,
         kube=kube,
-        backend=backend or make_backend(config),
+        backend=backend,
         tasks=ContainerdTasks(
             str(config.containerd_socket),
             config.containerd_namespace,
@@ -121,7 +151,8 @@ def build_agent(
         if runtime is not None and runtime.fallback == "local"
         else None,
         store=LendStateFile(config.state_file) if config.state_file is not None else None,
+        release_check=make_release_check(config, backend),
     )
 
 
-__all__ = ["build_agent", "make_backend", "make_utilization", "runtime_service_factory"]
+__all__ = ["build_agent", "make_backend", "make_release_check", "make_utilization", "runtime_service_factory"]

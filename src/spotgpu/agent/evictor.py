@@ -18,8 +18,12 @@ waits; the rest on the calling thread:
    them before any stop is verified) and each stop verified; containers not verified stopped
    are remembered and stopped again by :meth:`retry_pending`; victims still unverified are
    swept off the plan's GPUs;
-4. the MappingCache forgets the victims and ``release()`` is called: the owner's held call may
-   proceed now, on clean GPUs (``release`` is called exactly once, also when a step fails);
+4. the release check (:class:`~spotgpu.ports.node.ReleaseCheck`, :mod:`spotgpu.core.holders`):
+   every process left of a victim pod (init containers, native sidecars, ephemeral containers,
+   containers nobody listed) and every other process holding the owner's GPU nodes, or a shared
+   control node without holding a GPU, is killed and verified gone, found by what it holds;
+   then the MappingCache forgets the victims and ``release()`` is called: the owner's held call
+   may proceed now, on clean GPUs (``release`` is called exactly once, also when a step fails);
 5. on the calling thread, at normal priority (:func:`~spotgpu.util.priority.normal_priority`):
    ``released()`` (the caller's bookkeeping: state, publication, the lending record), the
    metrics and log lines, then the pods are deleted through the Kubernetes API in parallel,
@@ -51,11 +55,19 @@ from spotgpu.agent.ports import KubePort
 from spotgpu.agent.settings import EvictionSettings
 from spotgpu.core.clock import Clock, Timer
 from spotgpu.core.errors import SpotgpuError, TemporaryError
+from spotgpu.core.holders import ReleaseReport, Verdict
 from spotgpu.core.ids import DeviceID
 from spotgpu.core.mapping_cache import MappingCache
 from spotgpu.core.refs import PodRef
 from spotgpu.core.types import EvictionReason
-from spotgpu.ports.node import PinningTaskPort, RuntimeContainer, TaskPort, TaskState, TaskStopResult
+from spotgpu.ports.node import (
+    PinningTaskPort,
+    ReleaseCheck,
+    RuntimeContainer,
+    TaskPort,
+    TaskState,
+    TaskStopResult,
+)
 from spotgpu.util.priority import Priority, normal_priority, raise_thread
 
 log = logging.getLogger(__name__)
@@ -100,6 +112,7 @@ class _OwnerPart:
     started_at: float
     stopped_at: float
     released_at: float
+    holders: ReleaseReport | None = None
 
 
 STOPPED_MEMORY = 60.0
@@ -193,9 +206,12 @@ class Evictor:
         clock: Clock,
         timer: Timer,
         mapping: MappingCache,
+        release_check: ReleaseCheck | None = None,
         realtime: bool = True,
     ) -> None:
         self.tasks = tasks
+        self.release_check = release_check
+        """The release invariant (None: not enforced; only test doubles of a node without /proc)."""
         self.kube = kube
         self.metrics = metrics
         self.clock = clock
@@ -248,6 +264,7 @@ class Evictor:
                 released()
             self._count(plan)
             self._report(plan, part.results)
+            self._report_holders(plan, part.holders)
             undeleted = self._delete_pods(plan, settings)
         finally:
             self._runtime_bookkeeping()  # last: containerd's work must not compete with the owner's first steps
@@ -280,13 +297,25 @@ class Evictor:
             failed = [r.container_id for r in results if r.state is TaskState.FAILED]
             self._sweep(plan, set(failed))
             stopped_at = self.clock.monotonic()
+            report = self._clear_holders(plan, settings)
             for victim in plan.victims:
                 self.mapping.remove_user(victim.pod)
             released_at = release()  # the GPUs are clean: the owner's call proceeds now
         finally:
             if released_at is None:
                 released_at = release()
-        return _OwnerPart(plan, tuple(results), started_at, stopped_at, released_at)
+        return _OwnerPart(plan, tuple(results), started_at, stopped_at, released_at, report)
+
+    def _clear_holders(self, plan: EvictionPlan, settings: EvictionSettings) -> ReleaseReport | None:
+        """Step 4a, the release invariant: no process but the owner's holds its GPUs now (every
+        process of a victim pod, and any stranger holding the devices, killed and verified)."""
+        if self.release_check is None:
+            return None
+        try:
+            return self.release_check.clear(plan.devices, plan.scope, self.clock.monotonic() + settings.stop_timeout)
+        except Exception:
+            log.exception("owner %s: the release check failed", plan.owner)
+            return ReleaseReport(remaining=(), rounds=0, owner_known=False)
 
     def _runtime_bookkeeping(self) -> None:
         if isinstance(self.tasks, PinningTaskPort):
@@ -352,6 +381,28 @@ class Evictor:
                     result.exit_status,
                     f"; {result.detail}" if result.detail else "",
                 )
+
+    def _report_holders(self, plan: EvictionPlan, report: ReleaseReport | None) -> None:
+        """Metrics and log lines of the release check (after the release)."""
+        if report is None:
+            return
+        self.metrics.release_check_seconds.observe(report.seconds)
+        for verdict, count in report.killed.items():
+            self.metrics.release_holders_killed.labels(verdict=verdict.value).inc(count)
+            log_fn = log.info if verdict is Verdict.VICTIM_POD else log.error
+            log_fn("owner %s: release check killed %d process(es): %s", plan.owner, count, verdict.value)
+        if not report.owner_known:
+            self.metrics.release_unclean.labels(why="owner-unknown").inc()
+            log.error("owner %s: its pod is unknown: the release check could not judge GPU holders", plan.owner)
+        if report.remaining:
+            self.metrics.release_unclean.labels(why="holder-alive").inc()
+            log.error(
+                "owner %s released with %d condemned process(es) still alive after %d scan(s): %s",
+                plan.owner,
+                len(report.remaining),
+                report.rounds,
+                [(h.pid, h.pod_uid) for h in report.remaining],
+            )
 
     def _complete_victims(self, plan: EvictionPlan) -> EvictionPlan:
         """Fill in container IDs of victims that have none yet (a spot pod whose container just

@@ -33,11 +33,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from spotgpu.agent.ports import PodInfo
 from spotgpu.core import keys
 from spotgpu.core.codec import DevicesFrom, SyncKind, SyncSource, devices_from_key, format_devices_from
 from spotgpu.core.errors import PermanentError
+from spotgpu.core.holders import ReleaseScope
 from spotgpu.core.ids import (
     DeviceID,
     DeviceIDError,
@@ -175,6 +177,10 @@ class Victim:
     container_ids: tuple[str, ...]
 
 
+NO_SCOPE: Final = ReleaseScope()
+"""The release scope of a plan made without one (tests): nobody known, nothing judged."""
+
+
 @dataclass(frozen=True, slots=True)
 class EvictionPlan:
     """Take ``devices`` back from every spot user; ``owner`` is released (guard) afterwards."""
@@ -185,6 +191,8 @@ class EvictionPlan:
     victims: tuple[Victim, ...]
     at: float
     """When the trigger happened (monotonic seconds): the start of eviction latency."""
+    scope: ReleaseScope = NO_SCOPE
+    """Who may still hold these devices at the release (:func:`release_scope`)."""
 
     @property
     def container_ids(self) -> tuple[str, ...]:
@@ -205,10 +213,11 @@ def runtime_container_ids(pod: PodRef, runtime: Iterable[RuntimeContainer]) -> t
 
 
 def victim_container_ids(pod: PodRef, info: PodInfo | None, runtime: Iterable[RuntimeContainer]) -> tuple[str, ...]:
-    """Every container ID of ``pod``: those the API reports and those the runtime labels."""
+    """Every container ID of ``pod``: those the API reports (containers, init containers, native
+    sidecars, ephemeral containers) and those the runtime labels with it."""
     ids = set(runtime_container_ids(pod, runtime))
     if info is not None:
-        ids.update(c.container_id for c in info.containers if c.container_id)
+        ids.update(info.container_ids)
     return tuple(sorted(ids))
 
 
@@ -221,8 +230,10 @@ def plan_eviction(
     *,
     reason: EvictionReason,
     at: float,
+    exempt_namespaces: Collection[str] = (),
 ) -> EvictionPlan:
-    """Every spot user of ``devices`` (the owner's), with all its container IDs."""
+    """Every spot user of ``devices`` (the owner's), with all its container IDs, and the scope of
+    the release check (:func:`release_scope`)."""
     wanted = set(devices)
     uses: dict[PodRef, set[DeviceID]] = {}
     for device, (_, users) in device_index(snapshot).items():
@@ -233,7 +244,50 @@ def plan_eviction(
         Victim(pod, tuple(sorted(devs)), victim_container_ids(pod, pods.get(pod), runtime))
         for pod, devs in sorted(uses.items())
     )
-    return EvictionPlan(owner, tuple(sorted(wanted)), reason, victims, at)
+    scope = release_scope(snapshot, owner, wanted, victims, pods, runtime, exempt_namespaces)
+    return EvictionPlan(owner, tuple(sorted(wanted)), reason, victims, at, scope)
+
+
+def release_scope(  # noqa: PLR0917 -- the plan's inputs, in plan_eviction's order
+    snapshot: MappingSnapshot,
+    owner: Owner,
+    devices: Collection[DeviceID],
+    victims: Sequence[Victim],
+    pods: Mapping[PodRef, PodInfo],
+    runtime: Sequence[RuntimeContainer],
+    exempt_namespaces: Collection[str] = (),
+) -> ReleaseScope:
+    """Who may hold ``devices`` when ``owner`` is released (:mod:`spotgpu.core.holders`): the
+    pods pod-resources says hold them (the owner's), pods holding other GPUs of the node (the
+    shared control nodes), the victims (every process of theirs dies, their sandboxes aside)."""
+    uids = {ref: info.uid for ref, info in pods.items() if info.uid}
+    owner_refs: set[PodRef] = set()
+    gpu_refs: set[PodRef] = set()
+    for device, (holder, users) in device_index(snapshot).items():
+        if isinstance(holder, ContainerRef):
+            (owner_refs if device in devices else gpu_refs).add(holder.pod_ref)
+        if device not in devices:
+            gpu_refs.update(users)
+    if isinstance(owner, ContainerRef):
+        owner_refs.add(owner.pod_ref)
+    victim_refs = {v.pod for v in victims}
+    owner_cids = {cid for ref in owner_refs for cid in victim_container_ids(ref, pods.get(ref), runtime)}
+    victim_keys = {(v.pod.namespace, v.pod.name) for v in victims}
+    sandboxes = {
+        c.id
+        for c in runtime
+        if c.labels.get(keys.LABEL_CRI_KIND) == keys.CRI_TYPE_SANDBOX
+        and (c.labels.get(keys.LABEL_POD_NAMESPACE), c.labels.get(keys.LABEL_POD_NAME)) in victim_keys
+    }
+    return ReleaseScope(
+        owner_pods=frozenset(uids[r] for r in owner_refs if r in uids),
+        owner_containers=frozenset(owner_cids),
+        victim_pods=frozenset(uids[r] for r in victim_refs if r in uids),
+        sandboxes=frozenset(sandboxes),
+        gpu_pods=frozenset(uids[r] for r in gpu_refs - victim_refs if r in uids),
+        known_pods=frozenset(uids.values()),
+        exempt_pods=frozenset(uid for ref, uid in uids.items() if ref.namespace in set(exempt_namespaces)),
+    )
 
 
 @dataclass(frozen=True, slots=True)

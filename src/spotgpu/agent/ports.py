@@ -53,6 +53,15 @@ class PodInfo:
     containers: tuple[ContainerInfo, ...] = ()
     deleting: bool = False
     """A deletion timestamp is set."""
+    other_container_ids: tuple[str, ...] = ()
+    """Runtime IDs of the pod's init containers (native sidecars among them) and ephemeral
+    containers, as their statuses report them: they share the pod's fate on an eviction."""
+
+    @property
+    def container_ids(self) -> tuple[str, ...]:
+        """Every runtime ID the API reports for the pod's containers of any kind."""
+        ids = {c.container_id for c in self.containers if c.container_id}
+        return tuple(sorted(ids.union(self.other_container_ids)))
 
 
 class PodEventType(StrEnum):

@@ -79,6 +79,7 @@ from spotgpu.ports.node import (
     PidAttributor,
     PinningTaskPort,
     PodResourcesPort,
+    ReleaseCheck,
     RuntimeContainer,
     TaskPort,
     UtilizationReader,
@@ -152,6 +153,7 @@ class Agent:
         runtime_service: RuntimeServiceFactory | None = None,
         owner_record: Path | None = None,
         store: LendStore | None = None,
+        release_check: ReleaseCheck | None = None,
     ) -> None:
         self.config = config
         self.node = node
@@ -177,6 +179,7 @@ class Agent:
             metrics=self.metrics,
             clock=self.clock,
             store=store,
+            release_check=release_check,
         )
         self._wire_solver()
         self.plugins: dict[ResourceName, DevicePluginServer] = self._device_plugins() if serve_device_plugin else {}

@@ -92,6 +92,7 @@ from spotgpu.ports.node import (
     LearnedOwner,
     LendStore,
     LentOwner,
+    ReleaseCheck,
     RuntimeContainer,
     TaskPort,
 )
@@ -134,6 +135,7 @@ class Solver(SolverPublishing):
         clock: Clock,
         store: LendStore | None = None,
         timer: Timer | None = None,
+        release_check: ReleaseCheck | None = None,
     ) -> None:
         self._settings = settings
         self._rules = settings.rules
@@ -165,6 +167,7 @@ class Solver(SolverPublishing):
             clock=clock,
             timer=timer or SystemTimer(),
             mapping=self.mapping,
+            release_check=release_check,
             realtime=settings.return_path.realtime,
         )
         self.returns = ReturnsInFlight()
@@ -289,7 +292,10 @@ class Solver(SolverPublishing):
         plans = []
         started = _Effects()  # its evicts are not run: the plans above are (their devices, not the owner's)
         for v in violations:
-            plan = plan_eviction(snapshot, v.owner, v.devices, self._pods, self._runtime, reason=v.reason, at=now)
+            plan = plan_eviction(
+                snapshot, v.owner, v.devices, self._pods, self._runtime, reason=v.reason, at=now,
+                exempt_namespaces=self.settings.return_path.release_check.exempt_namespaces,
+            )  # fmt: skip
             if plan.victims and all(
                 self.evictor.stopped_lately(victim.container_ids, STALE_VIEW) for victim in plan.victims
             ):
@@ -509,6 +515,7 @@ class Solver(SolverPublishing):
                 self._runtime,
                 reason=evict.reason,
                 at=evict.at,
+                exempt_namespaces=self.settings.return_path.release_check.exempt_namespaces,
             )
         outcome = self._run_eviction(plan)
         with normal_priority():

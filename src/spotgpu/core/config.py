@@ -371,6 +371,40 @@ class LendingConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ControlDeviceConfig:
+    """One shared control device node every GPU container gets (``nvidiactl``, ``nvidia-uvm``)."""
+
+    path: Path
+    container_paths: tuple[str, ...] = ()
+    """Further paths it has inside containers (NVIDIA keeps the host path)."""
+
+
+NVIDIA_CONTROL_DEVICES: Final = tuple(
+    ControlDeviceConfig(Path(p))
+    for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReleaseCheckConfig:
+    """``agent.eviction.releaseCheck``: the release invariant (docs/security.md): before a
+    returning owner's call is released, no process outside the owner's pod holds a device node
+    of its GPUs; every process of an evicted pod is gone (:mod:`spotgpu.core.holders`)."""
+
+    enabled: bool = True
+    """``false`` releases the owner once the spot tasks are stopped, without looking for other
+    holders (the earlier behaviour: a GPU fd passed to another pod survives the return)."""
+    cgroup_roots: tuple[str, ...] = ("kubepods.slice", "kubepods")
+    """The kubelet's pod cgroups, relative to the cgroup v2 mount (``/sys/fs/cgroup``): both
+    cgroup drivers' names by default. Only processes below them are looked at."""
+    control_devices: tuple[ControlDeviceConfig, ...] = NVIDIA_CONTROL_DEVICES
+    """Shared control nodes: a pod holding one must hold some GPU of the node."""
+    exempt_namespaces: tuple[str, ...] = ()
+    """Namespaces whose pods may hold GPUs they were not allocated (a DCGM exporter, a vendor
+    device plugin running as pods). Tenants must not be able to create pods there."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class EvictionConfig:
     """``agent.eviction``: how the return path stops spot work (docs/agent.md, "The return path
     on a busy node"). Every switch defaults to the measured fastest safe choice; turning one
@@ -403,6 +437,8 @@ class EvictionConfig:
     defer_detection: bool = True
     """Detection cycles wait while an eviction runs (they take the solver's lock, the GIL and
     a CPU the eviction needs)."""
+    release_check: ReleaseCheckConfig = dataclasses.field(default_factory=ReleaseCheckConfig)
+    """The release invariant (``releaseCheck``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -508,6 +544,7 @@ __all__ = [
     "AgentConfig",
     "ConfigError",
     "DeviceNodeConfig",
+    "ControlDeviceConfig",
     "EvictionConfig",
     "GpuBackendKind",
     "ExporterEndpoint",
@@ -518,6 +555,7 @@ __all__ = [
     "Seconds",
     "UnguardedPolicy",
     "UtilizationSource",
+    "ReleaseCheckConfig",
     "camel",
     "from_mapping",
     "load_yaml_file",

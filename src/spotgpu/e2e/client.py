@@ -16,6 +16,12 @@ line per command (flushed), so the harness drives the owner like a developer at 
   ``CLOCK_MONOTONIC`` (comparable with the host's ``time.monotonic_ns()``: runc creates no time
   namespace) and its end on ``CLOCK_REALTIME`` (comparable with containerd's exit timestamps);
 * ``ping``; ``exit``.
+
+Run with arguments it is the attacker of the fd-passing attack (:mod:`spotgpu.e2e.faults`,
+"gpu-fd-passed-to-cpu-pod"): ``e2eclient sendfd SOCKET DEV`` opens ``DEV`` (a spot container's
+synced GPU), connects to the unix socket ``SOCKET`` (on a volume it shares with another pod) and
+sends the fd with SCM_RIGHTS, then sleeps; ``e2eclient recvfd SOCKET`` listens there, keeps the
+fd it receives and sleeps (an ordinary CPU pod now holding the owner's GPU).
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ CLIENT_SOURCE: Final = r"""
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -88,8 +96,47 @@ static void cmd_session(const char *path, unsigned long request) {
            rc, err, start, end, end_real);
 }
 
-int main(void) {
+static int unix_socket(const char *path, struct sockaddr_un *addr) {
+    memset(addr, 0, sizeof *addr);
+    addr->sun_family = AF_UNIX;
+    strncpy(addr->sun_path, path, sizeof addr->sun_path - 1);
+    return socket(AF_UNIX, SOCK_STREAM, 0);
+}
+
+static int fd_send(const char *path, const char *dev) {
+    struct sockaddr_un addr;
+    int gpu = open(dev, O_RDWR), sock = unix_socket(path, &addr);
+    if (gpu < 0 || sock < 0) return 2;
+    while (connect(sock, (struct sockaddr *)&addr, sizeof addr) < 0) usleep(10000);
+    char data = 'g', control[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {&data, 1};
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov; msg.msg_iovlen = 1; msg.msg_control = control; msg.msg_controllen = sizeof control;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET; c->cmsg_type = SCM_RIGHTS; c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &gpu, sizeof(int));
+    if (sendmsg(sock, &msg, 0) != 1) return 3;
+    for (;;) pause();
+}
+
+static int fd_recv(const char *path) {
+    struct sockaddr_un addr;
+    int sock = unix_socket(path, &addr);
+    unlink(path);
+    if (sock < 0 || bind(sock, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(sock, 1) < 0) return 2;
+    int conn = accept(sock, NULL, NULL);
+    char data, control[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {&data, 1};
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov; msg.msg_iovlen = 1; msg.msg_control = control; msg.msg_controllen = sizeof control;
+    if (conn < 0 || recvmsg(conn, &msg, 0) != 1) return 3;
+    for (;;) pause();
+}
+
+int main(int argc, char **argv) {
     static char line[8192];
+    if (argc == 4 && strcmp(argv[1], "sendfd") == 0) return fd_send(argv[2], argv[3]);
+    if (argc == 3 && strcmp(argv[1], "recvfd") == 0) return fd_recv(argv[2]);
     setvbuf(stdout, NULL, _IOLBF, 0);
     while (fgets(line, sizeof line, stdin)) {
         char *words[MAX_HELD + 2];

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from typing import Final
 
 from spotgpu.core.ids import SPOT_GPU_RESOURCE
+from spotgpu.core.refs import ContainerRef
+from spotgpu.e2e.model import SPOT_NAMESPACE, gpu_fds, gpu_path
 from spotgpu.e2e.node import OWNER, Spot
 from spotgpu.e2e.run import Background, FaultOutcome, Release, Run
 
@@ -210,11 +212,51 @@ def containerd_stopped_during_return(run: Run) -> FaultOutcome:
     return checks.outcome("containerd-stopped-during-return", release.hold_ms)
 
 
+ATTACK_WAIT_S: Final = 15.0
+"""Longest wait for the attack's CPU pod to hold the GPU before the owner returns."""
+
+
+def gpu_fd_passed_to_cpu_pod(run: Run) -> FaultOutcome:
+    """The attack of an fd handed out of the victim set: a spot container opens its synced GPU
+    and sends the fd (SCM_RIGHTS over a unix socket on a volume it shares with another pod of
+    the same tenant) to an ordinary CPU pod, which keeps it. On the return only the spot pod is a
+    victim (pod-resources knows nothing of the CPU pod), yet the CPU pod holds the owner's GPU:
+    the agent's release check must find it by what it holds and kill it before the owner's call
+    is released. Checked as for spot containers: its process exited before the owner's call
+    returned, and nothing but the owner holds a GPU then."""
+    checks = Checks()
+    share = run.node.paths.base / f"share-{time.monotonic_ns()}"
+    share.mkdir()
+    mounts = [("/share", str(share), False)]
+    run.lend()
+    cpu_ref = ContainerRef(SPOT_NAMESPACE, "cpu-receiver", "main")
+    cpu_uid, cpu_cid = run.node.start_plain(cpu_ref, ["/bin/e2eclient", "recvfd", "/share/gpu.sock"], mounts)
+    sender = run.node.start_spot(
+        "fd-sender", 0, args=["/bin/e2eclient", "sendfd", "/share/gpu.sock", "{gpu}"], mounts=mounts
+    )
+    sender.pid = run.node.init_pid(sender.cid)
+    receiver = Spot(cpu_ref.pod_ref, cpu_uid, cpu_cid, sender.gpu, sender.twin, 0.0, run.node.init_pid(cpu_cid))
+    deadline = time.monotonic() + ATTACK_WAIT_S
+    while not (receiver.pid and gpu_fds(receiver.pid, [gpu_path(sender.gpu)])) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    took = bool(receiver.pid and gpu_fds(receiver.pid, [gpu_path(sender.gpu)]))
+    checks.expect(took, "the attack did not take: the CPU pod never held the GPU")
+    if took:
+        checks.notes.append("the CPU pod held the owner's GPU through a passed fd")
+    run.watch_exits([sender, receiver])
+    release, started = _owner_returns(run, [sender, receiver], checks)
+    run.node.remove_container(cpu_cid)
+    run.node.api.remove("", "pods", cpu_ref.pod, cpu_ref.namespace or "")
+    _recovered(run, [sender], checks, since=started)
+    return checks.outcome("gpu-fd-passed-to-cpu-pod", release.hold_ms)
+
+
 FAULTS: Final[tuple[tuple[str, Callable[[Run], FaultOutcome]], ...]] = (
     ("agent-killed-while-lent", agent_killed_while_lent),
     ("agent-killed-mid-return", agent_killed_mid_return),
     ("kubelet-restarted", kubelet_restarted),
     ("containerd-stopped-during-return", containerd_stopped_during_return),
+    ("gpu-fd-passed-to-cpu-pod", gpu_fd_passed_to_cpu_pod),
 )
 
 
@@ -241,6 +283,7 @@ __all__ = [
     "agent_killed_mid_return",
     "agent_killed_while_lent",
     "containerd_stopped_during_return",
+    "gpu_fd_passed_to_cpu_pod",
     "kubelet_restarted",
     "run_faults",
 ]

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from spotgpu.e2e.node import Node
 
 
+Mount = tuple[str, str, bool]
+"""A volume: (container path, host path, read-only)."""
+
+
 class Launcher(Protocol):
     """What the node needs from whoever starts its containers."""
 
@@ -48,8 +52,14 @@ class Launcher(Protocol):
         """The owner's container, started (Allocate of the vendor plugin, grant, create); its ID."""
         ...
 
-    def start_spot(self, ref: ContainerRef, uid: str, twin: str, args: Sequence[str]) -> str:
+    def start_spot(
+        self, ref: ContainerRef, uid: str, twin: str, args: Sequence[str], mounts: Sequence[Mount] = ()
+    ) -> str:
         """A spot container on ``twin`` (Allocate of our plugin, grant, create), started; its ID."""
+        ...
+
+    def run_plain(self, ref: ContainerRef, uid: str, args: Sequence[str], mounts: Sequence[Mount]) -> str:
+        """An ordinary container that holds no device (a CPU pod), started; its ID."""
         ...
 
     def remove(self, cid: str) -> float | None:
@@ -182,16 +192,25 @@ class CtrLauncher:
         self._run(cid, ref, uid, spec)
         return cid
 
-    def start_spot(self, ref: ContainerRef, uid: str, twin: str, args: Sequence[str]) -> str:
+    def start_spot(
+        self, ref: ContainerRef, uid: str, twin: str, args: Sequence[str], mounts: Sequence[Mount] = ()
+    ) -> str:
         answer = self.node.kubelet.allocate(SPOT_GPU_RESOURCE, [twin]).container_responses[0]
         self._grant(ref, SPOT_GPU_RESOURCE, [twin])
         cid = container_id(self.node.run_id, ref.format(), uid)
-        spec = self._spec(cid, ref, uid, args, env=dict(answer.envs), annotations=dict(answer.annotations))
+        spec = self._spec(
+            cid, ref, uid, args, env=dict(answer.envs), annotations=dict(answer.annotations), mounts=list(mounts)
+        )
         self._run(cid, ref, uid, spec)
+        return cid
+
+    def run_plain(self, ref: ContainerRef, uid: str, args: Sequence[str], mounts: Sequence[Mount]) -> str:
+        cid = container_id(self.node.run_id, ref.format(), uid)
+        self._run(cid, ref, uid, self._spec(cid, ref, uid, args, mounts=list(mounts)))
         return cid
 
     def remove(self, cid: str) -> float | None:
         return self.node.delete_task(cid)
 
 
-__all__ = ["CtrLauncher", "Launcher", "device_specs"]
+__all__ = ["CtrLauncher", "Launcher", "Mount", "device_specs"]

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE
 from spotgpu.core.refs import ContainerRef
+from spotgpu.e2e.launch import Mount
 from spotgpu.e2e.model import IMAGE, OWNER, SPOT_CONTAINER, gpu_id
 from spotgpu.testing.cri import ContainerSpec, CriError, KubeletCri, PodSpec, RunningPod
 from spotgpu.testing.cri_containerd import CriContainerd, CriSettings, binaries
@@ -100,9 +101,16 @@ class CriLauncher:
         )
         return self._run(OWNER, uid, container)
 
-    def start_spot(self, ref: ContainerRef, uid: str, twin: str, args: Sequence[str]) -> str:
-        container = ContainerSpec(SPOT_CONTAINER, args=list(args), image=IMAGE, devices={SPOT_GPU_RESOURCE: [twin]})
+    def start_spot(
+        self, ref: ContainerRef, uid: str, twin: str, args: Sequence[str], mounts: Sequence[Mount] = ()
+    ) -> str:
+        container = ContainerSpec(
+            SPOT_CONTAINER, args=list(args), image=IMAGE, mounts=list(mounts), devices={SPOT_GPU_RESOURCE: [twin]}
+        )
         return self._run(ref, uid, container)
+
+    def run_plain(self, ref: ContainerRef, uid: str, args: Sequence[str], mounts: Sequence[Mount]) -> str:
+        return self._run(ref, uid, ContainerSpec(ref.name, args=list(args), image=IMAGE, mounts=list(mounts)))
 
     def remove(self, cid: str) -> float | None:
         assert self.cri is not None

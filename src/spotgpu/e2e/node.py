@@ -44,7 +44,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ from spotgpu.core.config import AgentConfig, load_yaml_file
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.e2e.client import build_client
-from spotgpu.e2e.launch import CtrLauncher, Launcher
+from spotgpu.e2e.launch import CtrLauncher, Launcher, Mount
 from spotgpu.e2e.model import (
     CONTAINERD_NAMESPACE,
     CONTROL_CHAR_DEVICE,
@@ -242,6 +242,12 @@ class Node:
                 "runtimeSocket": str(run / "agent.sock"),
                 "stateFile": str(run / "agent-state.json"),
                 "twinReplicas": s.replicas,
+                "eviction": {
+                    "releaseCheck": {
+                        "cgroupRoots": [self.cgroup_root],
+                        "controlDevices": [{"path": str(self.paths.dev / "ctl"), "containerPaths": [CTL_PATH]}],
+                    },
+                },
                 "guard": {
                     "listenerPath": str(self.listener),
                     "holderPath": str(run / "holder.sock"),
@@ -366,21 +372,34 @@ class Node:
         tasks = self.containerd.base / "state" / "io.containerd.runtime.v2.task"
         return tasks / CONTAINERD_NAMESPACE / cid / "config.json"
 
-    def start_spot(self, name: str, index: int) -> Spot:
+    def start_spot(
+        self, name: str, index: int, *, args: Sequence[str] | None = None, mounts: Sequence[Mount] = ()
+    ) -> Spot:
         """Start spot pod ``name`` on twin ``index`` (GPU ``index % gpus``): API pod, then the
         launcher (Allocate of the twin through the kubelet double, pod-resources grant, the
-        container with the Allocate annotation: device sync does the rest)."""
+        container with the Allocate annotation: device sync does the rest). By default it holds
+        its synced GPU open and sleeps; ``args`` run instead (``{gpu}`` names the GPU's path)."""
         gpu, replica = index % self.settings.gpus, index // self.settings.gpus
         twin = twin_of(gpu, replica, self.settings.replicas)
         ref = ContainerRef(SPOT_NAMESPACE, name, SPOT_CONTAINER)
         uid = str(uuid.uuid4())
         began = time.monotonic()
         self._put_pod(ref, uid, {SPOT_GPU_RESOURCE: 1})
-        args = ["/bin/sh", "-c", f"exec 3<>{gpu_path(gpu)}; exec sleep 1000000"]
-        cid = self.launcher.start_spot(ref, uid, twin, args)
+        if args is None:
+            args = ["/bin/sh", "-c", f"exec 3<>{gpu_path(gpu)}; exec sleep 1000000"]
+        cid = self.launcher.start_spot(ref, uid, twin, [a.format(gpu=gpu_path(gpu)) for a in args], mounts)
         start_ms = (time.monotonic() - began) * 1000
         self._pod_running(ref, cid)
         return Spot(ref.pod_ref, uid, cid, gpu, twin, start_ms)
+
+    def start_plain(self, ref: ContainerRef, args: Sequence[str], mounts: Sequence[Mount] = ()) -> tuple[str, str]:
+        """An ordinary pod of one container that requests no device (a tenant's CPU pod),
+        running; its (pod UID, container ID)."""
+        uid = str(uuid.uuid4())
+        self._put_pod(ref, uid, {})
+        cid = self.launcher.run_plain(ref, uid, args, mounts)
+        self._pod_running(ref, cid)
+        return uid, cid
 
     def forget_pod(self, ref: PodRef) -> None:
         """The kubelet's part after a pod is gone: no more pod-resources rows."""

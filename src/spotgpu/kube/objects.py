@@ -124,6 +124,15 @@ def pod_info(obj: Mapping[str, Any]) -> PodInfo:
         )
         for c in spec.get("containers") or ()
     )
+    status = obj.get("status") or {}
+    others = sorted(
+        {
+            cid
+            for kind in ("initContainerStatuses", "ephemeralContainerStatuses")
+            for s in status.get(kind) or ()
+            if isinstance(s, Mapping) and (cid := strip_scheme(s.get("containerID")))
+        }
+    )
     node = spec.get("nodeName")
     return PodInfo(
         ref=pod_ref(obj),
@@ -134,6 +143,7 @@ def pod_info(obj: Mapping[str, Any]) -> PodInfo:
         labels=dict(meta.get("labels") or {}),
         containers=containers,
         deleting=is_deleting(obj),
+        other_container_ids=tuple(others),
     )
 
 

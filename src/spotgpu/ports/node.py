@@ -32,6 +32,7 @@ from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from spotgpu.core.allocations import AllocatedDevices  # re-exported: its home is the core (no adapter -> agent import)
+from spotgpu.core.holders import ReleaseReport, ReleaseScope
 from spotgpu.core.idle_forecast import EMPTY_HISTORY, NO_BACKOFF, Backoff, IdleHistory
 from spotgpu.core.ids import DeviceID
 from spotgpu.core.refs import ContainerRef
@@ -214,6 +215,17 @@ class LendStore(Protocol):
         ...
 
 
+class ReleaseCheck(Protocol):
+    """The release invariant's enforcement (:mod:`spotgpu.adapters.holderscan`): before a
+    returning owner's call is released, no process but the owner's (and exempt ones) may hold a
+    device node of its GPUs (:mod:`spotgpu.core.holders`)."""
+
+    def clear(self, devices: Sequence[DeviceID], scope: ReleaseScope, deadline: float) -> ReleaseReport:
+        """Kill every process :func:`~spotgpu.core.holders.judge` condemns, verify, scan again;
+        until none is left or ``deadline`` (monotonic seconds) passes."""
+        ...
+
+
 __all__ = [
     "AllocatedDevices",
     "GpuBackend",
@@ -225,6 +237,7 @@ __all__ = [
     "PidAttributor",
     "PinningTaskPort",
     "PodResourcesPort",
+    "ReleaseCheck",
     "RuntimeContainer",
     "TaskPort",
     "TaskState",
