@@ -17,7 +17,7 @@ from spotgpu.core.clock import ManualClock
 from spotgpu.core.config import AgentConfig, EvictionConfig, LendingConfig, LendPolicyKind, Seconds
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, DeviceID, NodeName, to_spot_id
 from spotgpu.core.refs import ContainerRef, PodRef
-from spotgpu.ports.node import AllocatedDevices, GpuDevice, LendStore
+from spotgpu.ports.node import AllocatedDevices, GpuDevice, LendStore, ReleaseCheck
 from spotgpu.testing.fakes import (
     FakeAttributor,
     FakeGpuBackend,
@@ -150,6 +150,7 @@ def make_rig(
     lending: LendingConfig | None = None,
     eviction: EvictionConfig | None = None,
     tasks: FakeTasks | None = None,
+    release_check: ReleaseCheck | None = None,
 ) -> Rig:
     devices = fake_devices(gpus)
     clock = ManualClock(start=1000.0)
@@ -188,6 +189,7 @@ def make_rig(
         store=store,
         runtime_service=runtime_service,
         owner_record=owner_record,
+        release_check=release_check,
     )
     rig = Rig(agent, clock, kube, guard, tasks, podres, backend, devices, attributor, allocations)
     if start:

@@ -70,7 +70,9 @@ def test_with_the_owner_unknown_no_gpu_holder_is_condemned_for_what_it_holds(
 
 def test_control_nodes_belong_to_gpu_holding_pods_and_unknown_pods_are_left_alone() -> None:
     cpu, gpu_pod, new = "c" * 8 + "-0000-0000-0000-" + "0" * 12, "g" * 8, "n" * 8
-    scope = ReleaseScope(owner_pods=frozenset({"o"}), gpu_pods=frozenset({gpu_pod}), known_pods=frozenset({cpu, gpu_pod}))
+    scope = ReleaseScope(
+        owner_pods=frozenset({"o"}), gpu_pods=frozenset({gpu_pod}), known_pods=frozenset({cpu, gpu_pod})
+    )
     assert judge(Holding(1, cpu, None, control=True), scope) is Verdict.FOREIGN_CONTROL_HOLDER
     assert judge(Holding(2, gpu_pod, None, control=True), scope) is None  # another GPU's owner or spot pod
     assert judge(Holding(3, new, None, control=True), scope) is None  # created since the agent's view

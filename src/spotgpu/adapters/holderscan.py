@@ -82,15 +82,21 @@ def _shared_numbers() -> frozenset[int]:
 
 
 def device_file(path: str, container_paths: Sequence[str] = ()) -> DeviceFile | None:
-    """The :class:`DeviceFile` of the character device at ``path`` (None: no such device)."""
+    """The :class:`DeviceFile` of the character device at ``path`` (None: no such device).
+
+    For a stand-in matched by path, a container path also matches in the form the kernel shows
+    once the container's ``/dev`` mount is gone while the file stays open (an fd passed out of a
+    dead container): the path below that mount, ``/nvidia0`` for ``/dev/nvidia0``."""
     try:
         st = os.stat(path)
     except OSError:
         return None
     if not stat.S_ISCHR(st.st_mode):
         return None
-    shared = st.st_rdev in _shared_numbers()
-    return DeviceFile(st.st_rdev, frozenset((path, *container_paths)) if shared else None)
+    if st.st_rdev not in _shared_numbers():
+        return DeviceFile(st.st_rdev)
+    detached = {"/" + p.removeprefix("/dev/") for p in container_paths if p.startswith("/dev/")}
+    return DeviceFile(st.st_rdev, frozenset((path, *container_paths, *detached)))
 
 
 def cgroup_pids(root: Path) -> Iterator[tuple[str, list[int]]]:

@@ -17,6 +17,7 @@ from spotgpu.agent.evictor import EvictionOutcome
 from spotgpu.agent.ports import GuardPort
 from spotgpu.agent.solver import Solver
 from spotgpu.core.clock import Clock
+from spotgpu.core.holders import ReleaseReport
 from spotgpu.core.ids import NodeName
 from spotgpu.core.refs import ContainerRef
 
@@ -50,6 +51,7 @@ class EvictionLog:
             "tasks_stopped_ms": round(outcome.stop_latency * 1000, 3),
             "released_ms": None if outcome.released_at is None else round((outcome.released_at - plan.at) * 1000, 3),
             "complete_ms": round((outcome.completed_at - plan.at) * 1000, 3),
+            "release_check": None if outcome.holders is None else release_check_entry(outcome.holders),
             "failed_tasks": list(outcome.failed_tasks),
             "undeleted_pods": [p.format() for p in outcome.undeleted_pods],
         }
@@ -59,6 +61,18 @@ class EvictionLog:
     def recent(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self._entries)
+
+
+def release_check_entry(report: ReleaseReport) -> dict[str, Any]:
+    """The release check of one eviction as ``/debug/state`` shows it."""
+    return {
+        "ms": round(report.seconds * 1000, 3),
+        "rounds": report.rounds,
+        "looked_at": report.looked_at,
+        "killed": {v.value: n for v, n in sorted(report.killed.items())},
+        "remaining": [h.pid for h in report.remaining],
+        "owner_known": report.owner_known,
+    }
 
 
 def guard_state(guard: GuardPort, owners: Iterable[ContainerRef]) -> dict[str, Any]:
@@ -104,4 +118,4 @@ def debug_state(
     }
 
 
-__all__ = ["RECENT_EVICTIONS", "EvictionLog", "StatusSource", "debug_state", "guard_state"]
+__all__ = ["RECENT_EVICTIONS", "EvictionLog", "StatusSource", "debug_state", "guard_state", "release_check_entry"]

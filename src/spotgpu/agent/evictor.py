@@ -93,6 +93,8 @@ class EvictionOutcome:
     were deleted."""
     started_at: float | None = None
     """When the eviction executor began stopping the tasks (after the caller's planning)."""
+    holders: ReleaseReport | None = None
+    """What the release check found and did (None: no check configured)."""
 
     @property
     def stop_latency(self) -> float:
@@ -282,7 +284,7 @@ class Evictor:
         )
         failed = tuple(r.container_id for r in part.results if r.state is TaskState.FAILED)
         return EvictionOutcome(
-            plan, part.stopped_at, completed_at, failed, undeleted, part.released_at, part.started_at
+            plan, part.stopped_at, completed_at, failed, undeleted, part.released_at, part.started_at, part.holders
         )
 
     def _owner_part(self, plan: EvictionPlan, settings: EvictionSettings, release: ReleaseFn) -> _OwnerPart:

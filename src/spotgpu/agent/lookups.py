@@ -12,11 +12,11 @@ publisher's twins, which record metrics), so it belongs with the solver.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from spotgpu.agent.allocator import Allocator, Grant
-from spotgpu.agent.model import Sources, device_index, pending_shadows
+from spotgpu.agent.model import Sources, WatchScope, device_index, pending_shadows, watch_scopes
 from spotgpu.agent.ports import PodInfo
 from spotgpu.agent.publisher import Publisher
 from spotgpu.agent.settings import SolverSettings
@@ -25,7 +25,7 @@ from spotgpu.core.lending import LendState, OwnerLending
 from spotgpu.core.mapping_cache import MappingCache, Owner
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health
-from spotgpu.ports.node import GpuDevice
+from spotgpu.ports.node import GpuDevice, RuntimeContainer
 
 
 @dataclass
@@ -47,6 +47,8 @@ class SolverLookups:
     _devices: tuple[GpuDevice, ...]
     _owners: dict[ContainerRef, OwnerLending]
     _pods: dict[PodRef, PodInfo]
+    _runtime: list[RuntimeContainer]
+    _evicting: set[Owner]
     live_pods: Callable[[], Sequence[PodInfo]] | None
     await_pods: Callable[[Callable[[Sequence[PodInfo]], bool], float], Sequence[PodInfo]] | None
     on_allocate: Callable[[], None] | None
@@ -120,6 +122,16 @@ class SolverLookups:
     def state(self) -> SolverState:
         with self.lock:
             return SolverState({o: s.state for o, s in self._owners.items()}, dict(self.publisher.health))
+
+    def watch_scopes(self, owners: Collection[ContainerRef], lent: Collection[ContainerRef]) -> list[WatchScope]:
+        """The holder watch's scopes for ``owners`` not evicting now (:func:`~spotgpu.agent.model.watch_scopes`)."""
+        with self.lock:
+            wanted = [o for o in owners if o not in self._evicting]
+            spot = [self.settings.spot_resource, *self.allocator.resources]
+            return watch_scopes(
+                self.mapping.snapshot(), wanted, lent, self._pods, self._runtime, spot,
+                self.settings.return_path.release_check.exempt_namespaces,
+            )  # fmt: skip
 
     def lending_states(self) -> dict[ContainerRef, OwnerLending]:
         """Every owner's state-machine state (read-only copies; for ``/debug/state`` and tests)."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from spotgpu.agent.ports import PodInfo
@@ -256,10 +256,14 @@ def release_scope(  # noqa: PLR0917 -- the plan's inputs, in plan_eviction's ord
     pods: Mapping[PodRef, PodInfo],
     runtime: Sequence[RuntimeContainer],
     exempt_namespaces: Collection[str] = (),
+    *,
+    users_allowed: bool = False,
 ) -> ReleaseScope:
     """Who may hold ``devices`` when ``owner`` is released (:mod:`spotgpu.core.holders`): the
     pods pod-resources says hold them (the owner's), pods holding other GPUs of the node (the
-    shared control nodes), the victims (every process of theirs dies, their sandboxes aside)."""
+    shared control nodes), the victims (every process of theirs dies, their sandboxes aside).
+    ``users_allowed`` (the holder watch, between returns): the devices' spot users hold them by
+    right (they are lent now)."""
     uids = {ref: info.uid for ref, info in pods.items() if info.uid}
     owner_refs: set[PodRef] = set()
     gpu_refs: set[PodRef] = set()
@@ -268,6 +272,8 @@ def release_scope(  # noqa: PLR0917 -- the plan's inputs, in plan_eviction's ord
             (owner_refs if device in devices else gpu_refs).add(holder.pod_ref)
         if device not in devices:
             gpu_refs.update(users)
+        elif users_allowed:
+            owner_refs.update(users)
     if isinstance(owner, ContainerRef):
         owner_refs.add(owner.pod_ref)
     victim_refs = {v.pod for v in victims}
@@ -288,6 +294,40 @@ def release_scope(  # noqa: PLR0917 -- the plan's inputs, in plan_eviction's ord
         known_pods=frozenset(uids.values()),
         exempt_pods=frozenset(uid for ref, uid in uids.items() if ref.namespace in set(exempt_namespaces)),
     )
+
+
+WatchScope = tuple[ContainerRef, tuple[DeviceID, ...], ReleaseScope]
+"""An owner, its devices, and who may hold them (:func:`watch_scopes`)."""
+
+
+def watch_scopes(  # noqa: PLR0917 -- the solver's state, as plan_eviction takes it
+    snapshot: MappingSnapshot,
+    owners: Collection[ContainerRef],
+    lent: Collection[ContainerRef],
+    pods: Mapping[PodRef, PodInfo],
+    runtime: Sequence[RuntimeContainer],
+    spot_resources: Collection[str],
+    exempt_namespaces: Collection[str] = (),
+) -> list[WatchScope]:
+    """The holder watch's scopes (:mod:`spotgpu.agent.holderwatch`): for each of ``owners``
+    (lent now or lately), its devices and who may hold them now: the owner's pod, the devices'
+    spot users and, for an owner in ``lent``, every spot pod (one that just started is not in
+    pod-resources yet); only pods the agent knows are judged."""
+    groups: dict[ContainerRef, list[DeviceID]] = {}
+    for device, (holder, _) in sorted(device_index(snapshot).items()):
+        if isinstance(holder, ContainerRef) and holder in owners:
+            groups.setdefault(holder, []).append(device)
+    spot_uids = frozenset(
+        info.uid
+        for info in pods.values()
+        if info.uid and any(set(c.requests) & set(spot_resources) for c in info.containers)
+    )
+    scopes = []
+    for owner, devs in sorted(groups.items(), key=lambda g: g[0].format()):
+        scope = release_scope(snapshot, owner, devs, (), pods, runtime, exempt_namespaces, users_allowed=True)
+        allowed = scope.owner_pods | spot_uids if owner in lent else scope.owner_pods
+        scopes.append((owner, tuple(devs), replace(scope, owner_pods=allowed, only_known=True)))
+    return scopes
 
 
 @dataclass(frozen=True, slots=True)
@@ -530,5 +570,8 @@ __all__ = [
     "runtime_container_ids",
     "twin_health",
     "twin_ids",
+    "release_scope",
     "victim_container_ids",
+    "WatchScope",
+    "watch_scopes",
 ]

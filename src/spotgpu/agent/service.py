@@ -59,6 +59,7 @@ from spotgpu.adapters.deviceplugin import DevicePluginServer, TwinDevice
 from spotgpu.adapters.procattr import CgroupIdentity, ProcessAttributor
 from spotgpu.adapters.reaper import kill_and_wait
 from spotgpu.agent.debugstate import EvictionLog, debug_state
+from spotgpu.agent.holderwatch import HolderWatch
 from spotgpu.agent.measure import REF_RETRY_INTERVAL, BackendUtilization, Measurer, ReferencePoints
 from spotgpu.agent.model import victim_container_ids
 from spotgpu.agent.nodepods import NodePods
@@ -182,6 +183,16 @@ class Agent:
             release_check=release_check,
         )
         self._wire_solver()
+        check = config.eviction.release_check
+        self.holder_watch = (
+            HolderWatch(
+                self.solver, release_check, metrics=self.metrics, clock=self.clock,
+                interval=check.watch_interval, window=check.watch_window,
+            )
+            if release_check is not None and check.watch_interval > 0
+            else None
+        )  # fmt: skip
+        """Between returns: GPUs lent now or lately held by nobody without right (None: off)."""
         self.plugins: dict[ResourceName, DevicePluginServer] = self._device_plugins() if serve_device_plugin else {}
         """One device plugin per served resource (:attr:`Solver.resources`)."""
         self._refs = ReferencePoints(tasks, self.attributor, REF_RETRY_INTERVAL)
@@ -330,6 +341,8 @@ class Agent:
             self._spawn("pod-watch", partial(self.pods.watch, self.kube, self.node, self._stop))
             self._spawn("detect", self._detect_loop)
             self._spawn("allocate-refresh", self._refresh_after_allocate)
+            if self.holder_watch is not None:
+                self._spawn("holder-watch", partial(self.holder_watch.run, self._stop))
 
     def _start_guard(self) -> None:
         guard_start = getattr(self.guard, "start", None)
@@ -482,6 +495,8 @@ class Agent:
     # -- state dump ----------------------------------------------------------------------------------
     def _record_eviction(self, outcome: EvictionOutcome) -> None:
         self._evictions.record(outcome)
+        if self.holder_watch is not None and isinstance(outcome.plan.owner, ContainerRef):
+            self.holder_watch.note_loan(outcome.plan.owner)  # a loan just ended: watch its GPUs
 
     def debug_state(self) -> dict[str, Any]:
         """What the agent believes now, as JSON data (served on ``/debug/state``): the

@@ -402,6 +402,12 @@ class ReleaseCheckConfig:
     exempt_namespaces: tuple[str, ...] = ()
     """Namespaces whose pods may hold GPUs they were not allocated (a DCGM exporter, a vendor
     device plugin running as pods). Tenants must not be able to create pods there."""
+    watch_interval: Seconds = Seconds(5.0)
+    """Between returns, the holder watch (:mod:`spotgpu.agent.holderwatch`) looks this often at
+    the GPUs lent now or lately for processes that hold one without right (a passed fd received
+    after a release); 0 turns it off."""
+    watch_window: Seconds = Seconds(600.0)
+    """How long after its last loan an owner's GPUs stay watched."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -76,6 +76,9 @@ class ReleaseScope:
     """UIDs of every pod the agent knows on this node."""
     exempt_pods: frozenset[str] = frozenset()
     """UIDs of the pods in exempt namespaces."""
+    only_known: bool = False
+    """Judge only pods in :attr:`known_pods` (the holder watch, between returns: a pod the agent
+    has not seen yet may be a spot pod that just started)."""
 
     @property
     def owner_known(self) -> bool:
@@ -98,6 +101,8 @@ def judge(process: Holding, scope: ReleaseScope) -> Verdict | None:
     """Whether ``process`` must die before the owner is released (module docstring); None: not."""
     uid = process.pod_uid
     if uid is None or uid in scope.exempt_pods or scope._is_owner(uid, process.container_id):
+        return None
+    if scope.only_known and uid not in scope.known_pods:
         return None
     if uid in scope.victim_pods and process.container_id not in scope.sandboxes:
         return Verdict.VICTIM_POD

@@ -20,8 +20,9 @@ line per command (flushed), so the harness drives the owner like a developer at 
 Run with arguments it is the attacker of the fd-passing attack (:mod:`spotgpu.e2e.faults`,
 "gpu-fd-passed-to-cpu-pod"): ``e2eclient sendfd SOCKET DEV`` opens ``DEV`` (a spot container's
 synced GPU), connects to the unix socket ``SOCKET`` (on a volume it shares with another pod) and
-sends the fd with SCM_RIGHTS, then sleeps; ``e2eclient recvfd SOCKET`` listens there, keeps the
-fd it receives and sleeps (an ordinary CPU pod now holding the owner's GPU).
+sends the fd with SCM_RIGHTS, then sleeps; ``e2eclient recvfd SOCKET [GO]`` listens there, keeps
+the fd it receives and sleeps (an ordinary CPU pod now holding the owner's GPU); with ``GO`` it
+accepts only once the file ``GO`` exists: until then the fd is in flight, held by no process.
 """
 
 from __future__ import annotations
@@ -119,11 +120,12 @@ static int fd_send(const char *path, const char *dev) {
     for (;;) pause();
 }
 
-static int fd_recv(const char *path) {
+static int fd_recv(const char *path, const char *go) {
     struct sockaddr_un addr;
     int sock = unix_socket(path, &addr);
     unlink(path);
     if (sock < 0 || bind(sock, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(sock, 1) < 0) return 2;
+    while (go && access(go, F_OK) != 0) usleep(10000); /* the fd waits in the socket's queue */
     int conn = accept(sock, NULL, NULL);
     char data, control[CMSG_SPACE(sizeof(int))];
     struct iovec iov = {&data, 1};
@@ -136,7 +138,7 @@ static int fd_recv(const char *path) {
 int main(int argc, char **argv) {
     static char line[8192];
     if (argc == 4 && strcmp(argv[1], "sendfd") == 0) return fd_send(argv[2], argv[3]);
-    if (argc == 3 && strcmp(argv[1], "recvfd") == 0) return fd_recv(argv[2]);
+    if ((argc == 3 || argc == 4) && strcmp(argv[1], "recvfd") == 0) return fd_recv(argv[2], argc == 4 ? argv[3] : NULL);
     setvbuf(stdout, NULL, _IOLBF, 0);
     while (fgets(line, sizeof line, stdin)) {
         char *words[MAX_HELD + 2];

@@ -214,6 +214,75 @@ def containerd_stopped_during_return(run: Run) -> FaultOutcome:
 
 ATTACK_WAIT_S: Final = 15.0
 """Longest wait for the attack's CPU pod to hold the GPU before the owner returns."""
+WATCH_BOUND_S: Final = 12.0
+"""Longest a late holder may keep the GPU before the holder watch (5 s interval) must have killed it."""
+
+
+def _fd_attack(run: Run, receiver_args: list[str], mounts: list[tuple[str, str, bool]]) -> tuple[Spot, Spot]:
+    """Lend; start the CPU pod (``receiver_args``) and a spot pod that sends it its GPU's fd."""
+    run.lend()
+    cpu_ref = ContainerRef(SPOT_NAMESPACE, f"cpu-receiver-{time.monotonic_ns() % 100000}", "main")
+    cpu_uid, cpu_cid = run.node.start_plain(cpu_ref, receiver_args, mounts)
+    sender = run.node.start_spot(
+        "fd-sender", 0, args=["/bin/e2eclient", "sendfd", "/share/gpu.sock", "{gpu}"], mounts=mounts
+    )
+    sender.pid = run.node.init_pid(sender.cid)
+    receiver = Spot(cpu_ref.pod_ref, cpu_uid, cpu_cid, sender.gpu, sender.twin, 0.0, run.node.init_pid(cpu_cid))
+    return sender, receiver
+
+
+def _holds_gpu(spot: Spot, timeout: float) -> bool:
+    """Whether ``spot``'s init holds its GPU open (looked at until ``timeout``, at least once)."""
+    deadline = time.monotonic() + timeout
+    path = gpu_path(spot.gpu)  # and as the kernel names it once the sender's /dev is unmounted
+    while True:
+        if spot.pid and gpu_fds(spot.pid, [path, "/" + path.removeprefix("/dev/")]):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def _drop_plain(run: Run, spot: Spot) -> None:
+    run.node.remove_container(spot.cid)
+    run.node.api.remove("", "pods", spot.ref.name, spot.ref.namespace or "")
+
+
+def gpu_fd_received_after_release(run: Run) -> FaultOutcome:
+    """The fd in flight: the spot container sends its GPU's fd to a CPU pod's socket that has not
+    accepted the connection yet, so at the return no process holds it (it waits in the socket's
+    queue) and the release check cannot see it. After the owner's release the CPU pod accepts
+    and holds the owner's GPU: the agent's holder watch must kill it within about its interval
+    (``watchInterval``, 5 s here). The owner's call itself is clean; how long the stranger held
+    the GPU after the release is the documented limit (docs/security.md)."""
+    checks = Checks()
+    share = run.node.paths.base / f"share-{time.monotonic_ns()}"
+    share.mkdir()
+    mounts = [("/share", str(share), False)]
+    sender, receiver = _fd_attack(run, ["/bin/e2eclient", "recvfd", "/share/gpu.sock", "/share/go"], mounts)
+    time.sleep(0.3)  # the sender connects and sends while the receiver has not accepted
+    checks.expect(not _holds_gpu(receiver, 0.0), "the CPU pod held the GPU before the release")
+    run.watch_exits([sender])
+    release, started = _owner_returns(run, [sender], checks)
+    (share / "go").write_text("")
+    took = _holds_gpu(receiver, 5.0)
+    held_from = time.monotonic()
+    checks.expect(took, "the attack did not take: the CPU pod never received the GPU after the release")
+    gone = False
+    while took and time.monotonic() < held_from + WATCH_BOUND_S:
+        if receiver.pid is None or not _holds_gpu(receiver, 0.0):
+            gone = True
+            break
+        time.sleep(0.05)
+    if took:
+        checks.expect(gone, f"the CPU pod still held the owner's GPU {WATCH_BOUND_S:.0f} s after receiving it")
+        if gone:
+            checks.notes.append(
+                f"holder watch killed the late holder {time.monotonic() - held_from:.1f} s after it got the fd"
+            )
+    _drop_plain(run, receiver)
+    _recovered(run, [sender], checks, since=started)
+    return checks.outcome("gpu-fd-received-after-release", release.hold_ms)
 
 
 def gpu_fd_passed_to_cpu_pod(run: Run) -> FaultOutcome:
@@ -228,25 +297,14 @@ def gpu_fd_passed_to_cpu_pod(run: Run) -> FaultOutcome:
     share = run.node.paths.base / f"share-{time.monotonic_ns()}"
     share.mkdir()
     mounts = [("/share", str(share), False)]
-    run.lend()
-    cpu_ref = ContainerRef(SPOT_NAMESPACE, "cpu-receiver", "main")
-    cpu_uid, cpu_cid = run.node.start_plain(cpu_ref, ["/bin/e2eclient", "recvfd", "/share/gpu.sock"], mounts)
-    sender = run.node.start_spot(
-        "fd-sender", 0, args=["/bin/e2eclient", "sendfd", "/share/gpu.sock", "{gpu}"], mounts=mounts
-    )
-    sender.pid = run.node.init_pid(sender.cid)
-    receiver = Spot(cpu_ref.pod_ref, cpu_uid, cpu_cid, sender.gpu, sender.twin, 0.0, run.node.init_pid(cpu_cid))
-    deadline = time.monotonic() + ATTACK_WAIT_S
-    while not (receiver.pid and gpu_fds(receiver.pid, [gpu_path(sender.gpu)])) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    took = bool(receiver.pid and gpu_fds(receiver.pid, [gpu_path(sender.gpu)]))
+    sender, receiver = _fd_attack(run, ["/bin/e2eclient", "recvfd", "/share/gpu.sock"], mounts)
+    took = _holds_gpu(receiver, ATTACK_WAIT_S)
     checks.expect(took, "the attack did not take: the CPU pod never held the GPU")
     if took:
         checks.notes.append("the CPU pod held the owner's GPU through a passed fd")
     run.watch_exits([sender, receiver])
     release, started = _owner_returns(run, [sender, receiver], checks)
-    run.node.remove_container(cpu_cid)
-    run.node.api.remove("", "pods", cpu_ref.pod, cpu_ref.namespace or "")
+    _drop_plain(run, receiver)
     _recovered(run, [sender], checks, since=started)
     return checks.outcome("gpu-fd-passed-to-cpu-pod", release.hold_ms)
 
@@ -257,6 +315,7 @@ FAULTS: Final[tuple[tuple[str, Callable[[Run], FaultOutcome]], ...]] = (
     ("kubelet-restarted", kubelet_restarted),
     ("containerd-stopped-during-return", containerd_stopped_during_return),
     ("gpu-fd-passed-to-cpu-pod", gpu_fd_passed_to_cpu_pod),
+    ("gpu-fd-received-after-release", gpu_fd_received_after_release),
 )
 
 
@@ -284,6 +343,7 @@ __all__ = [
     "agent_killed_while_lent",
     "containerd_stopped_during_return",
     "gpu_fd_passed_to_cpu_pod",
+    "gpu_fd_received_after_release",
     "kubelet_restarted",
     "run_faults",
 ]

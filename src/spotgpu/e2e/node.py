@@ -43,7 +43,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -138,7 +137,8 @@ class Node:
         """The kernel's exit times of the spot processes (started with the node)."""
         self.owner: OwnerClient | None = None
         self.owner_cid = ""
-        self.owner_uid = str(uuid.uuid4())
+        self.owner_uid = ""
+        """The owner pod's UID (the API's, once admitted)."""
         self._tasks_channel: Any = None
 
     @property
@@ -316,10 +316,12 @@ class Node:
             time.sleep(interval)
 
     # -- the kubelet's part --------------------------------------------------------------------------
-    def _put_pod(self, ref: ContainerRef, uid: str, requests: Mapping[str, int]) -> None:
-        self.api.put({
+    def _put_pod(self, ref: ContainerRef, requests: Mapping[str, int]) -> str:
+        """The pod in the API, bound to the node; its UID (the API server's: the kubelet names the
+        pod's cgroup and sandbox after it, so must the launcher)."""
+        stored = self.api.put({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": ref.pod, "namespace": ref.namespace, "uid": uid},
+            "metadata": {"name": ref.pod, "namespace": ref.namespace},
             "spec": {"nodeName": NODE, "containers": [{
                 "name": ref.name,
                 "image": IMAGE,
@@ -328,6 +330,7 @@ class Node:
             }]},
             "status": {"phase": "Pending"},
         })  # fmt: skip
+        return str(stored["metadata"]["uid"])
 
     def _pod_running(self, ref: ContainerRef, cid: str) -> None:
         def running(pod: dict[str, Any]) -> None:
@@ -351,7 +354,7 @@ class Node:
 
     def _admit_owner(self) -> None:
         """The developer's pod: two GPUs, the guard's rule (spotgpu-runtime adds it), the client."""
-        self._put_pod(OWNER, self.owner_uid, {NVIDIA_GPU_RESOURCE: self.settings.gpus})
+        self.owner_uid = self._put_pod(OWNER, {NVIDIA_GPU_RESOURCE: self.settings.gpus})
         self.owner = OwnerClient(self.paths.owner_io)
         self.owner_cid = self.launcher.run_owner(self.owner_uid, self.paths.owner_io)
         self._pod_running(OWNER, self.owner_cid)
@@ -382,9 +385,8 @@ class Node:
         gpu, replica = index % self.settings.gpus, index // self.settings.gpus
         twin = twin_of(gpu, replica, self.settings.replicas)
         ref = ContainerRef(SPOT_NAMESPACE, name, SPOT_CONTAINER)
-        uid = str(uuid.uuid4())
         began = time.monotonic()
-        self._put_pod(ref, uid, {SPOT_GPU_RESOURCE: 1})
+        uid = self._put_pod(ref, {SPOT_GPU_RESOURCE: 1})
         if args is None:
             args = ["/bin/sh", "-c", f"exec 3<>{gpu_path(gpu)}; exec sleep 1000000"]
         cid = self.launcher.start_spot(ref, uid, twin, [a.format(gpu=gpu_path(gpu)) for a in args], mounts)
@@ -395,8 +397,7 @@ class Node:
     def start_plain(self, ref: ContainerRef, args: Sequence[str], mounts: Sequence[Mount] = ()) -> tuple[str, str]:
         """An ordinary pod of one container that requests no device (a tenant's CPU pod),
         running; its (pod UID, container ID)."""
-        uid = str(uuid.uuid4())
-        self._put_pod(ref, uid, {})
+        uid = self._put_pod(ref, {})
         cid = self.launcher.run_plain(ref, uid, args, mounts)
         self._pod_running(ref, cid)
         return uid, cid

@@ -67,6 +67,8 @@ class CycleRecord:
     hold_ms: float
     eviction_ms: float | None = None
     released_ms: float | None = None
+    release_check_ms: float | None = None
+    """The agent's release check (scan of the pod cgroups' holders) within ``released_ms``."""
     eviction_complete_ms: float | None = None
     leaked: list[str] = field(default_factory=list)
     owner_error: str | None = None
@@ -330,6 +332,10 @@ class Run:
             record.eviction_ms = float(eviction["tasks_stopped_ms"])
             record.released_ms = float(eviction["released_ms"])
             record.eviction_complete_ms = float(eviction["complete_ms"])
+            check = eviction.get("release_check") or {}
+            record.release_check_ms = float(check["ms"]) if "ms" in check else None
+            if check.get("remaining"):
+                problems.append(f"the release check left condemned process(es) {check['remaining']}")
             signal_ns = float(eviction["at"]) * 1e9  # the agent's monotonic clock: the owner's too
             record.guard_signal_ms = (signal_ns - int(release.reply["start_ns"])) / 1e6
             record.guard_release_ms = (release.end_ns - signal_ns) / 1e6 - record.released_ms
@@ -354,6 +360,7 @@ def summarize(records: list[CycleRecord], settings: NodeSettings) -> dict[str, A
     evictions = [r.eviction_ms for r in records if r.eviction_ms is not None]
     completes = [r.eviction_complete_ms for r in records if r.eviction_complete_ms is not None]
     releases = [r.released_ms for r in records if r.released_ms is not None]
+    checks = [r.release_check_ms for r in records if r.release_check_ms is not None]
     lends = [r.lend_detect_s for r in records]
     starts = [s for r in records for s in r.spot_start_ms]
 
@@ -381,6 +388,8 @@ def summarize(records: list[CycleRecord], settings: NodeSettings) -> dict[str, A
         "eviction_ms_p99": p(evictions, 99),
         "released_ms_p50": p(releases, 50),
         "released_ms_p99": p(releases, 99),
+        "release_check_ms_p50": p(checks, 50, 3),
+        "release_check_ms_p99": p(checks, 99, 3),
         "eviction_complete_ms_p99": p(completes, 99),
         "lend_detect_s": round(statistics.median(lends), 3) if lends else None,
         "lend_detect_s_max": round(max(lends), 3) if lends else None,
