@@ -10,7 +10,9 @@ that validation and still checks every field it uses, raising
 * ``PodGroup`` (namespaced): ``spec.minMember``, ``spec.queue``, ``spec.priorityClassName``,
   ``spec.pool``, ``spec.minLease``, ``spec.checkpointInterval`` (durations); status: ``phase``,
   counts and conditions, written by the scheduler.
-* ``GangJob`` (namespaced): ``spec.template`` (a pod template), ``replicas``, ``minAvailable``,
+* ``GangJob`` (namespaced): ``spec.template`` (a pod template, refused as
+  :class:`TemplateRefused` when it carries what only the scheduler writes:
+  :mod:`spotgpu.kube.template_check`), ``replicas``, ``minAvailable``,
   ``queue``, ``priorityClassName`` (spothigh|spotmid|spotlow), ``retryLimit``,
   ``requeueBackoffSeconds``, ``gpus`` (twins per pod), ``minLease`` and ``checkpointInterval``
   (durations like ``"1h30m"`` or whole seconds; copied onto its PodGroups and pods); status
