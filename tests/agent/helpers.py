@@ -151,6 +151,7 @@ def make_rig(
     eviction: EvictionConfig | None = None,
     tasks: FakeTasks | None = None,
     release_check: ReleaseCheck | None = None,
+    debug_address: str = "127.0.0.1:0",
 ) -> Rig:
     devices = fake_devices(gpus)
     clock = ManualClock(start=1000.0)
@@ -168,6 +169,7 @@ def make_rig(
         max_inactive_time=Seconds(max_inactive),
         device_plugin_dir=tmp_path / "device-plugins",
         metrics_address="127.0.0.1:0",
+        debug_address=debug_address,
         runtime_socket=tmp_path / "agent.sock",
         twin_replicas=replicas,
         shared_replicas=shared,

@@ -17,7 +17,7 @@ from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.agent.model import LendState
 from spotgpu.agent.service import Agent
 from spotgpu.cli.agent import guard_factory
-from spotgpu.core.config import AgentConfig, GuardConfig
+from spotgpu.core.config import AgentConfig, ConfigError, GuardConfig
 from spotgpu.core.ids import DeviceID
 from spotgpu.core.mapping_cache import MappingSnapshot
 from spotgpu.core.refs import PodRef
@@ -109,7 +109,7 @@ def test_state_dump_and_metrics_over_http(tmp_path: Path) -> None:
         rig.cycle(1)
         rig.guard.owner_back(OWNER)
         base = f"http://127.0.0.1:{rig.agent.metrics_port}"
-        with urllib.request.urlopen(f"{base}/debug/state", timeout=5) as answer:
+        with urllib.request.urlopen(f"http://127.0.0.1:{rig.agent.debug_port}/debug/state", timeout=5) as answer:
             state = json.loads(answer.read())
         assert state["recovered"] is True
         assert state["owners"] == {OWNER.format(): "active"}
@@ -120,9 +120,10 @@ def test_state_dump_and_metrics_over_http(tmp_path: Path) -> None:
         assert 0 <= eviction["tasks_stopped_ms"] <= eviction["released_ms"] <= eviction["complete_ms"]
         with urllib.request.urlopen(f"{base}/metrics", timeout=5) as answer:
             assert b"spotgpu_agent_evictions_total" in answer.read()
-        with pytest.raises(urllib.error.HTTPError) as exc:
-            urllib.request.urlopen(f"{base}/nothing", timeout=5)
-        assert exc.value.code == 404
+        for path in ("/nothing", "/debug/state"):  # the dump is never on the metrics port
+            with pytest.raises(urllib.error.HTTPError) as exc:
+                urllib.request.urlopen(f"{base}{path}", timeout=5)
+            assert exc.value.code == 404
     finally:
         rig.agent.stop()
 
@@ -213,3 +214,65 @@ def test_agent_check_validates_the_runtime_section_too(tmp_path: Path, capsys: p
     config.write_text("agent:\n  nodeName: n1\nruntime:\n  lowerRuntimme: runc\n")
     assert main(["agent", "--config", str(config), "--check"]) == 2
     assert "runtime.lowerRuntimme" in capsys.readouterr().err
+
+
+def _non_loopback_ip() -> str | None:
+    """An address of this machine other than loopback (the route a pod on another host would use)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.254", 9))  # no packet is sent: this only picks the outgoing address
+        except OSError:
+            return None
+        ip = str(probe.getsockname()[0])
+    return None if ip.startswith("127.") else ip
+
+
+def test_the_state_dump_listens_on_loopback_only() -> None:
+    """``/debug/state`` names every owner and spot pod of the node: it has its own listener, bound
+    to 127.0.0.1, never the metrics port (which a Service exposes to every pod)."""
+    metrics = AgentMetrics()
+    try:
+        port = metrics.serve_debug("127.0.0.1:0", lambda: {"owners": {"team-a/train/main": "lent"}})
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/state", timeout=5) as answer:
+            assert json.loads(answer.read()) == {"owners": {"team-a/train/main": "lent"}}
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        assert exc.value.code == 404
+        outside = _non_loopback_ip()
+        if outside is not None:
+            with pytest.raises(OSError), socket.create_connection((outside, port), timeout=2):
+                pass
+        for address in ("0.0.0.0:0", "192.0.2.2:0", "localhost:0", "[::]:0"):
+            with pytest.raises(ConfigError, match="loopback"):
+                metrics.serve_debug(address, dict)
+    finally:
+        metrics.close()
+
+
+@pytest.mark.parametrize(
+    ("fields", "refused"),
+    [
+        ({"debug_address": "0.0.0.0:9479"}, "must be a loopback address"),
+        ({"debug_address": "10.0.0.1:9479"}, "must be a loopback address"),
+        ({"debug_address": "127.0.0.1"}, "is not <ip>:<port>"),
+        ({"debug_address": "127.0.0.1:9477"}, "metricsAddress's"),
+        ({"debug_address": "127.0.0.1:9479"}, None),
+        ({"debug_address": "[::1]:9479"}, None),
+        ({"debug_address": ""}, None),
+    ],
+)
+def test_the_debug_address_is_loopback_or_none(fields: dict[str, str], refused: str | None) -> None:
+    if refused is None:
+        AgentConfig(**fields)  # type: ignore[arg-type]
+    else:
+        with pytest.raises(ConfigError, match=refused):
+            AgentConfig(**fields)  # type: ignore[arg-type]
+
+
+def test_without_a_debug_address_no_dump_is_served(tmp_path: Path) -> None:
+    rig = make_rig(tmp_path, start=False, debug_address="")
+    rig.agent.start(serve_metrics=True, loops=False)
+    try:
+        assert rig.agent.debug_port is None and rig.agent.metrics_port is not None
+    finally:
+        rig.agent.stop()

@@ -49,6 +49,7 @@ def agent_for(node: Node, tmp_path: Path, owners: list[ContainerRef]) -> tuple[A
         max_inactive_time=Seconds(60),
         device_plugin_dir=tmp_path / "dp",
         metrics_address="127.0.0.1:0",
+        debug_address="127.0.0.1:0",
     )
     agent = Agent(
         config,

@@ -28,7 +28,7 @@ from typing import Any
 import celpy
 import pytest
 import yaml
-from gotemplate import render_chart
+from gotemplate import TemplateError, render_chart
 
 from spotgpu.core import keys
 from spotgpu.core.shadow import SHADOW_LABEL_VALUE
@@ -59,8 +59,46 @@ def evaluate(expression: str, activation: Mapping[str, Any]) -> Any:
         return exc
 
 
+def _selected(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """A label selector (``matchLabels``, ``matchExpressions``) as the API server applies it."""
+    if not selector:
+        return True
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def matches(policy: dict[str, Any], request: dict[str, Any]) -> bool:
+    """Whether the policy's ``matchConstraints`` select ``request``: its resource (with the
+    subresource, ``pods/status``), operation and, for a namespaced request, its namespace's labels
+    (the API server sets ``kubernetes.io/metadata.name`` on every namespace)."""
+    constraints = policy["spec"]["matchConstraints"]
+    sub = request.get("subResource")
+    resource = request.get("resource", "pods") + (f"/{sub}" if sub else "")
+    if not any(
+        request["operation"] in rule["operations"] and resource in rule["resources"]
+        for rule in constraints["resourceRules"]
+    ):
+        return False
+    namespace = request.get("namespace")
+    labels = {"kubernetes.io/metadata.name": namespace} if namespace else {}
+    return namespace is None or _selected(constraints.get("namespaceSelector"), labels)
+
+
 def admit(policy: dict[str, Any], request: dict[str, Any]) -> list[str]:
-    """The messages of the validations that deny ``request`` (empty: admitted)."""
+    """The messages of the validations that deny ``request`` (empty: admitted, or not matched)."""
+    if not matches(policy, request):
+        return []
     activation: dict[str, Any] = {
         "object": celpy.json_to_cel(request["object"]),
         "oldObject": celpy.json_to_cel(request.get("oldObject")),
@@ -124,12 +162,30 @@ def pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
-def create(obj: dict[str, Any], user: str = TENANT) -> dict[str, Any]:
-    return {"operation": "CREATE", "object": obj, "oldObject": None, "userInfo": {"username": user}}
+def _request(operation: str, obj: dict[str, Any], old: dict[str, Any] | None, user: str, sub: str | None) -> dict:
+    namespace = obj.get("metadata", {}).get("namespace")
+    return {
+        "operation": operation,
+        "object": obj,
+        "oldObject": old,
+        "userInfo": {"username": user},
+        "namespace": str(namespace) if namespace else None,
+        "subResource": sub,
+    }
 
 
-def update(old: dict[str, Any], new: dict[str, Any], user: str = TENANT) -> dict[str, Any]:
-    return {"operation": "UPDATE", "object": new, "oldObject": old, "userInfo": {"username": user}}
+def create(obj: dict[str, Any], user: str = TENANT, sub: str | None = None) -> dict[str, Any]:
+    return _request("CREATE", obj, None, user, sub)
+
+
+def update(old: dict[str, Any], new: dict[str, Any], user: str = TENANT, sub: str | None = None) -> dict[str, Any]:
+    return _request("UPDATE", new, old, user, sub)
+
+
+def in_namespace(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    out["metadata"]["namespace"] = namespace
+    return out
 
 
 # --- who may write what the scheduler writes -----------------------------------------------------
@@ -147,18 +203,23 @@ SCHEDULER_LABELS = {keys.SHADOW_FOR: "g", keys.SHADOW_POD_LABEL: SHADOW_LABEL_VA
 
 
 def test_the_policy_names_every_key_the_scheduler_and_the_runtime_write(metadata_policy: dict[str, Any]) -> None:
+    """One home: the chart's lists are the ones in spotgpu.core.keys (which the GangJob controller's
+    template rule uses too), and the fixtures below cover every key."""
     variables = {v["name"]: v["expression"] for v in metadata_policy["spec"]["variables"]}
 
-    def strings(name: str) -> set[str]:
-        return {str(x) for x in evaluate(variables[name], {})}
+    def strings(name: str) -> list[str]:
+        return [str(x) for x in evaluate(variables[name], {})]
 
-    assert strings("schedulerAnnotations") | strings("schedulerAnnotationPrefixes") == {
-        k.partition(".worker")[0] for k in SCHEDULER_ANNOTATIONS
+    assert strings("schedulerAnnotations") == list(keys.SCHEDULER_ANNOTATIONS)
+    assert strings("schedulerAnnotationPrefixes") == list(keys.SCHEDULER_ANNOTATION_PREFIXES)
+    assert strings("schedulerLabels") == list(keys.SCHEDULER_LABELS)
+    assert strings("runtimeAnnotations") == list(keys.RUNTIME_WRITTEN)
+    assert {k.partition(".worker")[0] for k in SCHEDULER_ANNOTATIONS} == {
+        *keys.SCHEDULER_ANNOTATIONS,
+        *keys.SCHEDULER_ANNOTATION_PREFIXES,
     }
-    assert strings("schedulerLabels") == set(SCHEDULER_LABELS)
-    assert strings("runtimeAnnotations") == set(keys.RUNTIME_WRITTEN)
+    assert set(SCHEDULER_LABELS) == set(keys.SCHEDULER_LABELS)
     assert metadata_policy["spec"]["failurePolicy"] == "Fail"
-    assert {"pods", "pods/binding"} <= set(metadata_policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"])
 
 
 @pytest.mark.parametrize("key", sorted(SCHEDULER_ANNOTATIONS))
@@ -199,11 +260,11 @@ def test_a_binding_carries_scheduler_annotations_only_from_the_scheduler(metadat
         "metadata": {"name": "p", "namespace": "team-a", "annotations": {keys.DEVICE_OWNER: "{}"}},
         "target": {"kind": "Node", "name": "n1"},
     }
-    assert admit(metadata_policy, create(binding))
-    assert admit(metadata_policy, create(binding, SCHEDULER)) == []
+    assert admit(metadata_policy, create(binding, sub="binding"))
+    assert admit(metadata_policy, create(binding, SCHEDULER, sub="binding")) == []
     plain = copy.deepcopy(binding)
     del plain["metadata"]["annotations"]
-    assert admit(metadata_policy, create(plain)) == []
+    assert admit(metadata_policy, create(plain, sub="binding")) == []
 
 
 @pytest.mark.parametrize("key", sorted(keys.RUNTIME_WRITTEN))
@@ -213,6 +274,82 @@ def test_runtime_written_annotations_are_refused_on_pods_for_everyone(
     assert admit(metadata_policy, create(pod({key: "x"})))
     assert admit(metadata_policy, create(pod({key: "x"}), SCHEDULER))
     assert admit(metadata_policy, create(pod({"spotgpu.io/return-guard": "disabled"}))) == []  # a user's own key
+
+
+def test_a_status_update_cannot_write_scheduler_metadata(metadata_policy: dict[str, Any]) -> None:
+    """pods/status: the API server's status strategy resets the spec, not the labels and annotations,
+    so whoever may update a pod's status (a tenant's controller granted pods/status) could forge
+    them there; the policy matches the subresource."""
+    plain = pod({"team.example.com/note": "x"})
+    forged = pod({"team.example.com/note": "x", keys.DEVICE_OWNER: '{"GPU-a":"team-b/dev/main"}'})
+    request = update(plain, forged, sub="status")
+    assert matches(metadata_policy, request)
+    assert admit(metadata_policy, request)
+    assert admit(metadata_policy, update(pod(None, {"app": "x"}), pod(None, SCHEDULER_LABELS), sub="status"))
+    assert admit(metadata_policy, update(plain, pod({keys.SYNCED_DEVICES: "{}"}), sub="status"))
+    assert admit(metadata_policy, update(plain, forged, SCHEDULER, sub="status")) == []
+    assert admit(metadata_policy, update(forged, forged, sub="status")) == []  # a kubelet's status write
+
+
+def test_an_ephemeral_container_update_is_matched_for_the_metadata_it_carries(metadata_policy: dict[str, Any]) -> None:
+    """pods/ephemeralcontainers: the API server resets labels and annotations there today; the
+    policy matches it anyway, so an update that carried them would still be judged."""
+    request = update(pod(), pod({keys.POD_DEVICE_TYPE: "shadow"}), sub="ephemeralcontainers")
+    assert matches(metadata_policy, request) and admit(metadata_policy, request)
+
+
+def test_a_key_a_pod_already_carried_does_not_stop_its_updates(metadata_policy: dict[str, Any]) -> None:
+    """A pod that carried a runtime-written key before the policy existed (admission was off) keeps
+    its status updates and finalizer removals; adding or changing one is refused."""
+    old = pod({keys.GUARDED: "true"})
+    assert (
+        admit(metadata_policy, update(old, pod({keys.GUARDED: "true", "team.example.com/x": "1"}), sub="status")) == []
+    )
+    assert admit(metadata_policy, update(old, pod({keys.GUARDED: "false"})))
+    assert admit(metadata_policy, update(pod(), pod({keys.GUARDED: "true"}), AGENT))
+
+
+EXCLUDED = ("kube-system", "kube-public", "kube-node-lease")
+
+
+@pytest.mark.parametrize("namespace", EXCLUDED)
+def test_system_namespaces_are_not_matched(
+    metadata_policy: dict[str, Any], spot_policy: dict[str, Any], namespace: str
+) -> None:
+    """failurePolicy Fail must not stop the control plane's pods (mirror pods, their status): the
+    pod policies skip the system namespaces; tenants cannot create pods there."""
+    mirror = in_namespace(pod({keys.DEVICE_OWNER: "{}"}), namespace)
+    assert not matches(metadata_policy, create(mirror))
+    assert admit(metadata_policy, update(mirror, mirror, "system:node:n1", sub="status")) == []
+    assert admit(spot_policy, create(in_namespace(pod(None, None, {**SPOT, **GPU}), namespace))) == []
+
+
+def test_the_release_namespace_and_tenant_namespaces_are_matched(
+    metadata_policy: dict[str, Any], spot_policy: dict[str, Any]
+) -> None:
+    forged = in_namespace(pod({keys.POD_DEVICE_TYPE: "shadow"}, SCHEDULER_LABELS), "spotgpu-system")
+    assert admit(metadata_policy, create(forged))  # a forged ShadowPod in the ShadowPod namespace
+    assert admit(spot_policy, create(in_namespace(pod(None, None, {**SPOT, **GPU}), "team-b")))
+    for policy in (metadata_policy, spot_policy):
+        selector = policy["spec"]["matchConstraints"]["namespaceSelector"]
+        assert selector["matchExpressions"] == [
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": list(EXCLUDED)}
+        ]
+
+
+def test_the_excluded_namespaces_are_configurable_but_never_the_release_namespace() -> None:
+    def policies(excluded: list[str]) -> list[dict[str, Any]]:
+        rendered = documents(render_chart(CHART, {"admission": {"excludedNamespaces": excluded}}))
+        return [d for d in rendered if d["kind"] == "ValidatingAdmissionPolicy"]
+
+    for policy in policies([]):
+        assert "namespaceSelector" not in policy["spec"]["matchConstraints"]
+        assert matches(policy, create(in_namespace(pod(), "kube-system")))
+    (metadata, spot) = policies(["kube-system", "infra"])
+    assert not matches(metadata, create(in_namespace(pod(), "infra")))
+    assert matches(spot, create(in_namespace(pod(), "kube-public")))
+    with pytest.raises(TemplateError, match="release namespace"):
+        render_chart(CHART, {"admission": {"excludedNamespaces": ["infra", "spotgpu-system"]}})
 
 
 # --- spot pods take no real GPUs ---------------------------------------------------------------------
@@ -235,6 +372,13 @@ GPU = {"nvidia.com/gpu": "1"}
         pytest.param(create(pod(None, None, SPOT, init=GPU)), True, id="gpu-in-an-init-container"),
         pytest.param(create(pod(None, None, SPOT, requests=GPU)), True, id="gpu-in-requests"),
         pytest.param(update(pod(None, None, SPOT), pod(None, None, {**SPOT, **GPU})), True, id="resized"),
+        pytest.param(
+            update(pod(None, None, SPOT), pod(None, None, {**SPOT, **GPU}), sub="resize"), True, id="pods-resize"
+        ),
+        pytest.param(update(pod(None, None, GPU), pod(None, None, {**GPU, **SPOT})), True, id="owner-made-spot"),
+        pytest.param(
+            update(pod(None, None, {**SPOT, **GPU}), pod({"x": "1"}, None, {**SPOT, **GPU})), False, id="was-already"
+        ),
         pytest.param(create(pod(None, None, {**SPOT, **GPU}), SCHEDULER), True, id="nobody-may"),
     ],
 )
@@ -275,7 +419,8 @@ def test_the_agent_node_policy(
     docs: list[dict[str, Any]], user: dict[str, Any], new: dict[str, Any], denied: bool
 ) -> None:
     policy = one(docs, "ValidatingAdmissionPolicy", "-agent-own-node")
-    request = {"operation": "UPDATE", "object": new, "oldObject": node("n1", {"x": "1"}), "userInfo": user}
+    old = node("n1", {"x": "1"})
+    request = {"operation": "UPDATE", "resource": "nodes", "object": new, "oldObject": old, "userInfo": user}
     assert bool(admit(policy, request)) is denied
     spec_change = copy.deepcopy(new)
     spec_change["spec"]["unschedulable"] = True

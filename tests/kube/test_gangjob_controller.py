@@ -164,3 +164,48 @@ def test_work_queue_deduplicates_and_delays() -> None:
     assert q.get(timeout=0.01) is None
     clock.advance(10)
     assert q.get(timeout=0.01) == "b"
+
+
+SCHEDULER_ONLY = [
+    *(("annotations", k) for k in (*keys.SCHEDULER_ANNOTATIONS, *keys.RUNTIME_WRITTEN)),
+    *(("annotations", f"{p}.main") for p in keys.SCHEDULER_ANNOTATION_PREFIXES),
+    *(("labels", k) for k in keys.SCHEDULER_LABELS),
+]
+
+
+def test_a_template_with_scheduler_metadata_or_a_node_name_never_yields_a_pod(
+    api: KubeApiServer, controller: GangJobController
+) -> None:
+    """The controller's pods are the scheduler's service account's, which admission lets write the
+    scheduler's metadata: through a GangJob a tenant must get none of it onto a pod."""
+    attacks = {}
+    for i, (where, key) in enumerate(SCHEDULER_ONLY):
+        template = {"metadata": {where: {key: "true"}}, "spec": {"containers": [{"name": "main", "image": "img"}]}}
+        attacks[f"attack-{i}"] = key
+        api.put(gangjob(f"attack-{i}", template=template))
+    node_template = {"spec": {"nodeName": "gpu-1", "containers": [{"name": "main", "image": "img"}]}}
+    attacks["attack-node"] = "spec.nodeName"
+    api.put(gangjob("attack-node", template=node_template))
+    api.put(gangjob())  # a plain one beside them: created as always
+    wait_for(lambda: all(status(api, name).get("phase") == "Failed" for name in attacks))
+    wait_for(lambda: sorted(pod_names(api)) == ["train-0-0", "train-0-1"])
+    for name, key in attacks.items():
+        st = status(api, name)
+        (condition,) = st["conditions"]
+        assert condition["type"] == "TemplateAccepted" and condition["status"] == "False", name
+        assert condition["reason"] == "SchedulerOnlyMetadata" and key in condition["message"], name
+    groups = [g["metadata"]["name"] for g in api.objects(GROUP, "podgroups", "ml")]
+    assert groups == ["train-0"]
+    metrics = controller.metrics
+    assert metrics is not None
+    refused = "spotgpu_gangjob_templates_refused_total"
+    wait_for(lambda: metrics.registry.get_sample_value(refused) == len(attacks))
+
+    def refusal_events() -> list[dict]:
+        return [e for e in api.objects("", "events", "ml") if e["reason"] == "TemplateRefused"]
+
+    wait_for(lambda: len(refusal_events()) == len(attacks))
+    assert all(e["type"] == "Warning" for e in refusal_events())
+    time.sleep(0.5)  # no write loop: the refusals are written (and counted) once
+    assert metrics.registry.get_sample_value(refused) == len(attacks)
+    assert sorted(pod_names(api)) == ["train-0-0", "train-0-1"]

@@ -96,7 +96,8 @@ def test_a_gpu_the_agent_cannot_vouch_for_is_not_synced(rig: Rig) -> None:
 
 _NVIDIA_STAND_IN = """#!{python} -I
 # A stand-in for nvidia-container-runtime's legacy mode: it reads NVIDIA_VISIBLE_DEVICES from the
-# bundle's process env and gives the container those GPUs' device nodes, then execs runc.
+# bundle's process env and gives the container those GPUs' device nodes (and, as the toolkit does,
+# IMEX channel 0 for NVIDIA_IMEX_CHANNELS=0, the NVSwitch for NVIDIA_NVSWITCH=enabled), then execs runc.
 import json, os, sys
 args = sys.argv[1:]
 nodes = {{"GPU-a": ("/dev/nvidia0", 3), "GPU-b": ("/dev/nvidia1", 5)}}
@@ -106,10 +107,13 @@ if "create" in args:
     spec = json.load(open(path))
     env = dict(e.split("=", 1) for e in spec["process"].get("env", []) if "=" in e)
     value = env.get("NVIDIA_VISIBLE_DEVICES", "")
-    wanted = list(nodes) if value == "all" else [v for v in value.split(",") if v in nodes]
+    wanted = [nodes[g] for g in (list(nodes) if value == "all" else [v for v in value.split(",") if v in nodes])]
+    if env.get("NVIDIA_IMEX_CHANNELS") == "0":  # the hook creates the channel on the host, then injects it
+        wanted.append(("/dev/nvidia-caps-imex-channels/channel0", 7))
+    if wanted and env.get("NVIDIA_NVSWITCH") == "enabled":  # gated: only with GPUs requested
+        wanted.append(("/dev/nvidia-nvswitch0", 8))
     linux = spec.setdefault("linux", {{}})
-    for gpu in wanted:
-        where, minor = nodes[gpu]
+    for where, minor in wanted:
         linux.setdefault("devices", []).append(
             {{"path": where, "type": "c", "major": 1, "minor": minor, "fileMode": 438, "uid": 0, "gid": 0}}
         )
@@ -148,6 +152,28 @@ def test_a_container_holding_no_gpu_cannot_select_devices_through_its_env(nvidia
     owner = rig.bundle("owner", cri(OWNER), OPEN0, env=("PATH=/bin", "NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b"))
     code, out = runc_run(rig, owner, unique("owner"))
     assert code == 0 and "OPEN0-OK" in out and "VISIBLE=GPU-a,GPU-b" in out, out
+
+
+OPEN_FABRIC = (
+    "head -c 1 /dev/nvidia-caps-imex-channels/channel0 >/dev/null && echo IMEX-OK; "
+    "head -c 1 /dev/nvidia-nvswitch0 >/dev/null && echo NVSWITCH-OK; echo done"
+)
+FABRIC_ENV = ("PATH=/bin", "NVIDIA_IMEX_CHANNELS=0", "NVIDIA_NVSWITCH=enabled")
+
+
+def test_a_container_holding_no_gpu_cannot_select_imex_channels_or_nvswitches(nvidia_rig: Rig) -> None:
+    """The toolkit turns more env than ``NVIDIA_VISIBLE_DEVICES`` into device nodes: IMEX channels
+    (which its hook even creates on the host) and, for a container given any GPU, the gated devices
+    (NVSwitch, MOFED, GDS, GDRCopy). A tenant's CPU pod gets none of them; the owner, a GPU holder,
+    keeps its own env (so the stand-in does hand them out)."""
+    rig = nvidia_rig
+    tenant = rig.bundle("tenant", cri(TENANT), OPEN_FABRIC, env=(*FABRIC_ENV, "NVIDIA_VISIBLE_DEVICES=all"))
+    code, out = runc_run(rig, tenant, unique("tenant"))
+    assert code == 0 and "done" in out, out
+    assert "IMEX-OK" not in out and "NVSWITCH-OK" not in out, out
+    owner = rig.bundle("owner", cri(OWNER), OPEN_FABRIC, env=(*FABRIC_ENV, "NVIDIA_VISIBLE_DEVICES=GPU-a"))
+    code, out = runc_run(rig, owner, unique("owner"))
+    assert code == 0 and "IMEX-OK" in out and "NVSWITCH-OK" in out, out
 
 
 def test_without_the_agent_a_device_selecting_env_is_refused(nvidia_rig: Rig) -> None:

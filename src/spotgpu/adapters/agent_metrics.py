@@ -2,13 +2,15 @@
 
 Decides nothing. Side effects: metric updates in a private registry (one per agent, so tests
 and several agents in one process never collide; the return guard's metrics join it) and,
-when :meth:`AgentMetrics.serve` is called, an HTTP server thread that answers
+when :meth:`AgentMetrics.serve` and :meth:`AgentMetrics.serve_debug` are called, HTTP server
+threads that answer
 
 * ``GET /metrics`` (also ``/``): the registry in the format the scraper asks for;
 * ``GET /debug/state``: the agent's state as JSON (its MappingCache, lending states, twin
-  health, guard, runtime service answers, recent evictions), when a state callable is given.
-  Read-only, and nothing in it is secret that the metrics do not already show (pod names,
-  device IDs); keep the port node-local or behind a NetworkPolicy like any metrics port.
+  health, guard, runtime service answers, recent evictions), on its *own* listener
+  (:meth:`AgentMetrics.serve_debug`, ``agent.debugAddress``, a loopback address only): it names
+  every owner, loan and spot pod of the node, which the metrics port (behind a Service, open to
+  any pod) never shows; the metrics listener answers 404 there.
 
 Metric names (all prefixed ``spotgpu_agent_``):
 
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from threading import Thread
@@ -52,6 +55,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
+
+from spotgpu.core.config import loopback_port
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +75,7 @@ class AgentMetrics:
         self._add_failure_metrics(self.registry)
         self._add_steering_metrics(self.registry)
         self._add_lending_metrics(self.registry)
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: Thread | None = None
+        self._servers: list[tuple[ThreadingHTTPServer, Thread]] = []
         self._runtime: _RuntimeAnswers | None = None
 
     def _add_eviction_metrics(self, r: CollectorRegistry) -> None:
@@ -214,26 +218,33 @@ class AgentMetrics:
             self._runtime.counts = counts
 
     # -- HTTP --------------------------------------------------------------------------------
-    def serve(self, address: str, *, state: StateFn | None = None) -> int:
-        """Serve ``/metrics`` (and ``/debug/state`` when ``state`` is given) on ``host:port``
-        (port 0 picks one); returns the port."""
+    def serve(self, address: str) -> int:
+        """Serve ``/metrics`` on ``host:port`` (port 0 picks one); returns the port. Never the dump."""
+        return self._start(address, self.registry, None, "agent-metrics")
+
+    def serve_debug(self, address: str, state: StateFn) -> int:
+        """Serve ``/debug/state`` alone on ``address``, a loopback ``ip:port``
+        (:func:`spotgpu.core.config.loopback_port` refuses anything else); returns the port."""
+        loopback_port(address, "debugAddress")
+        return self._start(address, None, state, "agent-debug")
+
+    def _start(self, address: str, registry: CollectorRegistry | None, state: StateFn | None, name: str) -> int:
         host, _, port = address.rpartition(":")
-        server = _Server((host.strip("[]") or "0.0.0.0", int(port)), _Handler)
-        server.registry = self.registry
+        host = host.strip("[]") or "0.0.0.0"
+        server = (_Server6 if ":" in host else _Server)((host, int(port)), _Handler)
+        server.registry = registry
         server.state = state
-        thread = Thread(target=server.serve_forever, name="agent-metrics", daemon=True)
+        thread = Thread(target=server.serve_forever, name=name, daemon=True)
         thread.start()
-        self._server, self._thread = server, thread
+        self._servers.append((server, thread))
         return int(server.server_address[1])
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        while self._servers:
+            server, thread = self._servers.pop()
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
 
 
 class _RuntimeAnswers(Collector):
@@ -254,8 +265,12 @@ class _RuntimeAnswers(Collector):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
-    registry: CollectorRegistry
+    registry: CollectorRegistry | None
     state: StateFn | None
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -266,9 +281,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = urlsplit(self.path).path.rstrip("/") or "/"
-        if path in ("/", "/metrics"):
+        registry = self.server.registry
+        if path in ("/", "/metrics") and registry is not None:
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            self._answer(200, content_type, encoder(self.server.registry))
+            self._answer(200, content_type, encoder(registry))
         elif path == "/debug/state" and self.server.state is not None:
             try:
                 body = json.dumps(self.server.state(), sort_keys=True).encode()
@@ -278,7 +294,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             self._answer(200, "application/json", body)
         else:
-            self._answer(404, "text/plain; charset=utf-8", b"not found: try /metrics or /debug/state\n")
+            where = "/debug/state" if registry is None else "/metrics (/debug/state: agent.debugAddress)"
+            self._answer(404, "text/plain; charset=utf-8", f"not found: try {where}\n".encode())
 
     def _answer(self, code: int, content_type: str, body: bytes) -> None:
         self.send_response(code)

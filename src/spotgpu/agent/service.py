@@ -7,7 +7,8 @@ the pod view (:mod:`spotgpu.agent.nodepods`), the measurements (:mod:`spotgpu.ag
 the runtime fallback's owner record (:mod:`spotgpu.agent.owner_record`) and the state dump
 (:mod:`spotgpu.agent.debugstate`).
 Side effects: threads (detection loop, pod watch), the device plugin's gRPC server, the
-runtime service's unix socket, the metrics HTTP server (``/metrics``, ``/debug/state``), the
+runtime service's unix socket, the HTTP servers (``/metrics``; ``/debug/state`` on its own
+loopback listener, ``debugAddress``), the
 owner record file of the runtime's ``local`` fallback, and calls through the ports it is given.
 
 Start order (:meth:`Agent.start`):
@@ -25,7 +26,7 @@ Start order (:meth:`Agent.start`):
 5. the device plugins (the spot resource's, and the shared spot resource's when
    ``sharedReplicas`` > 0) serve and register (twin health is now right);
 6. the pod watch, the detection loop and the post-Allocate refresher start; ``/metrics`` and
-   ``/debug/state`` are served.
+   (on the loopback ``debugAddress``) ``/debug/state`` are served.
 
 Steering (:mod:`spotgpu.agent.steer`): the pod watch keeps this node's pods in binding order
 (first seen first), from which GetPreferredAllocation and Allocate infer the pod the kubelet is
@@ -209,6 +210,8 @@ class Agent:
         self._reconcile_lock = threading.Lock()
         self._runtime_at = -RUNTIME_LIST_INTERVAL
         self.metrics_port: int | None = None
+        self.debug_port: int | None = None
+        """The ``/debug/state`` listener's port (loopback only; None: not served)."""
 
     # -- wiring ------------------------------------------------------------------------------
     def _wire_solver(self) -> None:
@@ -336,7 +339,9 @@ class Agent:
         for plugin in self.plugins.values():
             plugin.start()
         if serve_metrics:
-            self.metrics_port = self.metrics.serve(self.config.metrics_address, state=self.debug_state)
+            self.metrics_port = self.metrics.serve(self.config.metrics_address)
+            if self.config.debug_address:
+                self.debug_port = self.metrics.serve_debug(self.config.debug_address, self.debug_state)
         if loops:
             self._spawn("pod-watch", partial(self.pods.watch, self.kube, self.node, self._stop))
             self._spawn("detect", self._detect_loop)

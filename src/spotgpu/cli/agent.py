@@ -129,7 +129,12 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot start: %s", exc)
         agent.stop()
         return 1
-    log.info("agent running on node %s (metrics on port %s)", node, agent.metrics_port)
+    log.info(
+        "agent running on node %s (metrics on port %s, /debug/state on %s)",
+        node,
+        agent.metrics_port,
+        agent.config.debug_address or "no listener",
+    )
     try:
         stop.wait()
     finally:

@@ -21,6 +21,7 @@ import dataclasses
 import difflib
 import enum
 import functools
+import ipaddress
 import math
 import re
 import types
@@ -447,6 +448,22 @@ class EvictionConfig:
     """The release invariant (``releaseCheck``)."""
 
 
+def loopback_port(address: str, key: str) -> int:
+    """The port of ``address`` (``127.0.0.1:9479``, ``[::1]:9479``; 0 picks one), refused with a
+    :class:`ConfigError` naming ``key`` unless its host is a loopback IP literal (no name: a name
+    could resolve to any address)."""
+    host, sep, port = address.rpartition(":")
+    try:
+        loopback = ipaddress.ip_address(host.removeprefix("[").removesuffix("]")).is_loopback
+    except ValueError:
+        loopback = False
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"{key}: {address!r} is not <ip>:<port>")
+    if not loopback:
+        raise ConfigError(f'{key}: {address!r} must be a loopback address such as 127.0.0.1:9479 (or "" for none)')
+    return int(port)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class AgentConfig:
     """``spotgpu agent --config FILE`` (section ``agent``). Defaults suit a stock kubelet node."""
@@ -470,6 +487,11 @@ class AgentConfig:
     sigterm_grace: Seconds = Seconds(0.0)
     """Seconds between SIGTERM and SIGKILL when evicting; 0 means SIGKILL at once."""
     metrics_address: str = "0.0.0.0:9477"
+    """``/metrics`` (Prometheus), reachable by the cluster's scraper."""
+    debug_address: str = "127.0.0.1:9479"
+    """``/debug/state`` (every owner, loan and spot pod of the node): its own listener, on a loopback
+    address only (reach it with ``kubectl port-forward``); ``""`` serves no dump. Never on
+    ``metricsAddress``."""
     runtime_socket: Path = Path("/run/spotgpu/agent.sock")
     """Local service spotgpu-runtime asks for device resolution and guard state."""
     guard: GuardConfig = dataclasses.field(default_factory=GuardConfig)
@@ -501,6 +523,10 @@ class AgentConfig:
     ``null`` keeps no file (a restarted agent then re-lends only owners whose GPUs carry spot users)."""
 
     def __post_init__(self) -> None:
+        if self.debug_address:
+            port = loopback_port(self.debug_address, "debugAddress")
+            if port and self.metrics_address.rpartition(":")[2] == str(port):
+                raise ConfigError(f"debugAddress: port {port} is metricsAddress's; /debug/state needs its own listener")
         if self.detect_interval <= 0:
             raise ConfigError("detectInterval: must be greater than zero")
         if self.max_inactive_time < self.detect_interval:
@@ -558,6 +584,7 @@ __all__ = [
     "LendPolicyKind",
     "LendingConfig",
     "PredictiveConfig",
+    "loopback_port",
     "Seconds",
     "UnguardedPolicy",
     "UtilizationSource",

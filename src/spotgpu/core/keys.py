@@ -154,3 +154,14 @@ namespace, which only the scheduler may write (RBAC plus the chart's admission p
 
 DEFAULT_SHADOW_NAMESPACE: Final = "spotgpu-system"
 """Namespace of ShadowPods unless configured (``shadowNamespace``): the chart's release namespace."""
+
+# --- who may write pod metadata (the chart's admission policy; a test keeps them equal) ------------
+SCHEDULER_ANNOTATIONS: Final = (DEVICE_OWNER, POD_DEVICE_TYPE, ASSIGNED_DEVICES, NOMINATED_DEVICES, SHADOW_FOR)
+"""Pod annotations only the scheduler's service account may add, change or remove: the agent, the
+runtime and the scheduler believe them. ``deploy/chart/spotgpu/templates/admission-policy.yaml``
+lists the same keys (``schedulerAnnotations``)."""
+SCHEDULER_ANNOTATION_PREFIXES: Final = (DEVICES_FROM_PREFIX,)
+"""As :data:`SCHEDULER_ANNOTATIONS`, for every annotation key starting with one of these
+(``container-devices-from`` and ``container-devices-from.<container>``)."""
+SCHEDULER_LABELS: Final = (SHADOW_FOR, SHADOW_POD_LABEL)
+"""Pod labels only the scheduler's service account may add, change or remove."""

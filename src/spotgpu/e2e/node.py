@@ -117,6 +117,7 @@ class Node:
         )
         self.launcher = make_launcher(self)
         self.metrics_port = free_port()
+        self.debug_port = free_port()
         self.agent_config = base / "agent.yaml"
         self.kubeconfig = base / "kubeconfig"
         self.agent = ChildProcess(
@@ -152,7 +153,7 @@ class Node:
 
     @property
     def state_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/debug/state"
+        return f"http://127.0.0.1:{self.debug_port}/debug/state"
 
     # -- life cycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -239,6 +240,7 @@ class Node:
                 "containerdNamespace": CONTAINERD_NAMESPACE,
                 "containerdStateDir": str(self.containerd.base / "state"),
                 "metricsAddress": f"127.0.0.1:{self.metrics_port}",
+                "debugAddress": f"127.0.0.1:{self.debug_port}",
                 "runtimeSocket": str(run / "agent.sock"),
                 "stateFile": str(run / "agent-state.json"),
                 "twinReplicas": s.replicas,

@@ -22,6 +22,11 @@ The phases (``status.phase``):
 * ``Failed``: evicted more than ``retryLimit`` times, a member failed on its own, or the spec
   is invalid. ``Succeeded``: every member of the attempt succeeded. Both are final.
 
+A template that carries what only the scheduler (or spotgpu-runtime) writes, or ``spec.nodeName``
+(:mod:`spotgpu.kube.template_check`), is refused before anything is created: the job is ``Failed``
+with the condition ``TemplateAccepted=False`` (reason ``SchedulerOnlyMetadata``) naming each
+offending key; the controller's pods are the scheduler's service account's, which admission trusts.
+
 ``expected`` protects against the informer's lag: pods this controller created and has not seen
 in its cache yet are not "vanished". ``gone`` gives the ``DisruptionTarget`` reason a member
 carried when it was deleted (the informer may deliver the deletion before a reconcile saw the
@@ -31,6 +36,7 @@ condition), so evictions are counted under their real reason.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +52,7 @@ from spotgpu.kube.resources import (
     MAX_REQUEUE_BACKOFF,
     GangJobPhase,
     GangJobView,
+    TemplateRefused,
     format_time,
     name_of,
     parse_time,
@@ -54,6 +61,11 @@ from spotgpu.kube.resources import (
 JSON = dict[str, Any]
 
 FINAL_PHASES: Final = frozenset({GangJobPhase.SUCCEEDED, GangJobPhase.FAILED})
+TEMPLATE_ACCEPTED: Final = "TemplateAccepted"
+"""Status condition type: ``False`` (reason :data:`TEMPLATE_REFUSED_REASON`) when the template was refused."""
+TEMPLATE_REFUSED_REASON: Final = "SchedulerOnlyMetadata"
+MAX_REFUSALS_SHOWN: Final = 20
+"""A refused template's status names at most this many offending keys (the condition's message is bounded)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +102,9 @@ class Plan:
     evicted: tuple[str, ...] = ()
     """Names of the members whose eviction this plan reacts to (for events and metrics)."""
     eviction_reason: str = ""
+    refused: tuple[str, ...] = ()
+    """Why the job's template was refused (:class:`~spotgpu.kube.resources.TemplateRefused`),
+    set by the plan that first reports it (for the log, the event and the metric)."""
 
     @property
     def creates(self) -> list[CreateObject]:
@@ -284,6 +299,8 @@ def reconcile(
         return Plan()  # garbage collection removes what it owns
     try:
         view = GangJobView.parse(job)
+    except TemplateRefused as exc:
+        return _refuse(status, b, exc, now)
     except ValidationError as exc:
         return _finish(status, b, {"phase": GangJobPhase.FAILED.value, "message": f"invalid spec: {exc}"})
     try:
@@ -315,6 +332,32 @@ def reconcile(
     if evicted:
         return _on_eviction(at, b, evicted, reason, now)
     return _progress(at, b, wanted, by_name, created=created)
+
+
+def _refuse(status: Mapping[str, Any], b: _Builder, exc: TemplateRefused, now: float) -> Plan:
+    """A template the controller must not copy into pods: the job fails, nothing is created, and the
+    condition ``TemplateAccepted=False`` names every offending key (its time kept once set, so a
+    later reconcile writes nothing)."""
+    shown = exc.refusals[:MAX_REFUSALS_SHOWN]
+    more = len(exc.refusals) - len(shown)
+    message = "; ".join(shown) + (f"; and {more} more" if more else "")
+    conditions = status.get("conditions") or []
+    old = next((c for c in conditions if isinstance(c, dict) and c.get("type") == TEMPLATE_ACCEPTED), {})
+    since = old.get("lastTransitionTime") if old.get("status") == "False" else None
+    condition = {
+        "type": TEMPLATE_ACCEPTED,
+        "status": "False",
+        "reason": TEMPLATE_REFUSED_REASON,
+        "message": message,
+        "lastTransitionTime": since or format_time(now),
+    }
+    desired = {
+        "phase": GangJobPhase.FAILED.value,
+        "message": f"template refused (nothing created): {message}",
+        "conditions": [condition],
+    }
+    plan = _finish(status, b, desired)
+    return dataclasses.replace(plan, refused=exc.refusals) if plan.status is not None else plan
 
 
 def _final(at: _Attempt, phase: GangJobPhase, b: _Builder) -> Plan:
@@ -444,6 +487,8 @@ def _finish(
 
 __all__ = [
     "FINAL_PHASES",
+    "TEMPLATE_ACCEPTED",
+    "TEMPLATE_REFUSED_REASON",
     "Action",
     "CreateObject",
     "DeleteObject",

@@ -261,9 +261,13 @@ class GangJobController:
         self._apply(key, rv, plan)
         if plan.evicted and self.metrics is not None:
             self.metrics.gang_evictions.labels(plan.eviction_reason or "unknown").inc()
+        if plan.refused:
+            log.warning("gangjob %s: template refused, no pod created: %s", key, "; ".join(plan.refused))
+            if self.metrics is not None:
+                self.metrics.templates_refused.inc()
         status = plan.status or {}
         if self._events is not None and status.get("phase") in ("Requeued", "Failed"):
-            kind = "Requeued" if status["phase"] == "Requeued" else "Failed"
+            kind = "TemplateRefused" if plan.refused else str(status["phase"])
             self._events.record(job, reason=kind, message=str(status.get("message", "")), type=WARNING)
         if plan.requeue_after is not None:
             self.queue.add_after(key, plan.requeue_after)

@@ -33,6 +33,7 @@ class ControllerMetrics:
     snapshot_skipped: Counter = field(init=False)
     forged_shadow_pods: Gauge = field(init=False)
     forecasts_ignored: Counter = field(init=False)
+    templates_refused: Counter = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -73,6 +74,12 @@ class ControllerMetrics:
         self.forecasts_ignored = Counter(
             "spotgpu_scheduler_idle_forecasts_ignored",
             "Entries of the agents' spotgpu.io/idle-forecast annotations ignored as malformed",
+            registry=r,
+        )
+
+        self.templates_refused = Counter(
+            "spotgpu_gangjob_templates_refused",
+            "GangJobs whose pod template carried scheduler-only metadata or spec.nodeName (no pod created)",
             registry=r,
         )
 

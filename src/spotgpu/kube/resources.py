@@ -10,7 +10,9 @@ that validation and still checks every field it uses, raising
 * ``PodGroup`` (namespaced): ``spec.minMember``, ``spec.queue``, ``spec.priorityClassName``,
   ``spec.pool``, ``spec.minLease``, ``spec.checkpointInterval`` (durations); status: ``phase``,
   counts and conditions, written by the scheduler.
-* ``GangJob`` (namespaced): ``spec.template`` (a pod template), ``replicas``, ``minAvailable``,
+* ``GangJob`` (namespaced): ``spec.template`` (a pod template, refused as
+  :class:`TemplateRefused` when it carries what only the scheduler writes:
+  :mod:`spotgpu.kube.template_check`), ``replicas``, ``minAvailable``,
   ``queue``, ``priorityClassName`` (spothigh|spotmid|spotlow), ``retryLimit``,
   ``requeueBackoffSeconds``, ``gpus`` (twins per pod), ``minLease`` and ``checkpointInterval``
   (durations like ``"1h30m"`` or whole seconds; copied onto its PodGroups and pods); status
@@ -32,6 +34,7 @@ from spotgpu.core import keys
 from spotgpu.core.config import parse_duration
 from spotgpu.core.errors import ValidationError
 from spotgpu.core.types import GPU_MILLI, QueueType, SpotPriority
+from spotgpu.kube.template_check import template_refusals
 
 JSON = dict[str, Any]
 
@@ -53,6 +56,15 @@ MAX_REQUEUE_BACKOFF: Final = 600
 
 class ObjectError(ValidationError):
     """An API object lacks a field or has a malformed one; the message names object and field."""
+
+
+class TemplateRefused(ObjectError):
+    """A GangJob's pod template says what its tenant may not write through the GangJob controller
+    (:func:`spotgpu.kube.template_check.template_refusals`); ``refusals`` names each key or field."""
+
+    def __init__(self, message: str, refusals: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.refusals = refusals
 
 
 class GangJobPhase(StrEnum):
@@ -208,6 +220,9 @@ class GangJobView:
             raise ObjectError(f"{_where(obj)}: spec.template must be a pod template with spec.containers")
         if not template["spec"]["containers"]:
             raise ObjectError(f"{_where(obj)}: spec.template.spec.containers must not be empty")
+        refusals = template_refusals(template)
+        if refusals:
+            raise TemplateRefused(f"{_where(obj)}: spec.template refused: {'; '.join(refusals)}", refusals)
         replicas = _int(obj, spec, "replicas", None, 1)
         min_available = _int(obj, spec, "minAvailable", replicas, 1)
         if min_available > replicas:
@@ -272,6 +287,7 @@ __all__ = [
     "PodGroupView",
     "QueueResource",
     "QueueView",
+    "TemplateRefused",
     "format_micro_time",
     "gangjob_manifest",
     "format_time",

@@ -25,6 +25,26 @@ DEFAULT_MODIFIERS: Final = ("devices", "replace-mounts", "generic", "cpuset", "g
 DEFAULT_CONFIG_PATH: Final = Path("/etc/spotgpu/config.yaml")
 _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
+DEFAULT_DENIED_ENV: Final = (
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_MIG_CONFIG_DEVICES",
+    "NVIDIA_MIG_MONITOR_DEVICES",
+    "NVIDIA_IMEX_CHANNELS",
+    "NVIDIA_GDS",
+    "NVIDIA_MOFED",
+    "NVIDIA_NVSWITCH",
+    "NVIDIA_GDRCOPY",
+)
+"""Every env the NVIDIA container toolkit (``internal/config/image``, ``internal/modifier``) turns
+into device nodes: the GPUs (``NVIDIA_VISIBLE_DEVICES``), the MIG config and monitor devices,
+IMEX channels (``NVIDIA_IMEX_CHANNELS``, created on the host by the hook), and, with any GPU
+requested, the gated devices ``NVIDIA_GDS``, ``NVIDIA_MOFED``, ``NVIDIA_NVSWITCH``,
+``NVIDIA_GDRCOPY`` (``=enabled``). Not listed: ``NVIDIA_DRIVER_CAPABILITIES`` (which driver
+libraries are mounted for the GPUs selected; it selects no device, CUDA images set it, and spot
+work on synced GPUs needs it), ``NVIDIA_REQUIRE_*``/``NVIDIA_DISABLE_REQUIRE`` (checks), and
+``CUDA_VISIBLE_DEVICES``, which the CUDA library inside the container reads to narrow the devices
+it already has: no runtime turns it into a device, so it cannot widen a container's access."""
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RuntimeConfig:
@@ -66,14 +86,11 @@ class RuntimeConfig:
     owner_markers: tuple[str, ...] = ("NVIDIA_VISIBLE_DEVICES", "/dev/nvidia")
     """Substrings that make the shell fast path ask the agent whether a container is a GPU owner
     (only while the guard's listener exists). False positives cost one agent round trip."""
-    denied_env: tuple[str, ...] = (
-        "NVIDIA_VISIBLE_DEVICES",
-        "NVIDIA_MIG_CONFIG_DEVICES",
-        "NVIDIA_MIG_MONITOR_DEVICES",
-    )
-    """Names that select devices for nvidia-container-runtime: the annotation env (Generic) may
-    never set them, and they are stripped from the own env of every container that is not an
-    allocated GPU holder (:mod:`spotgpu.runtime.sanitize`). Names a device sync sets are refused too."""
+    denied_env: tuple[str, ...] = DEFAULT_DENIED_ENV
+    """Names that select devices for the lower runtime: the annotation env (Generic) may never set
+    them, and they are stripped from the own env of every container that is not an allocated GPU
+    holder (:mod:`spotgpu.runtime.sanitize`). Names a device sync sets are refused too. Default:
+    :data:`DEFAULT_DENIED_ENV`; add the ``swarm-resource`` names if the node's toolkit sets one."""
     env_selects_devices: bool | None = None
     """Whether the lower runtime turns ``deniedEnv`` entries into devices; then every ``create``
     whose spec sets one is checked by the agent (fail closed). ``null`` (default): true when the
@@ -151,4 +168,4 @@ def load_runtime_config(path: Path, section: str = "runtime") -> RuntimeConfig:
     return load_yaml_file(path, RuntimeConfig, section=section)
 
 
-__all__ = ["DEFAULT_CONFIG_PATH", "DEFAULT_MODIFIERS", "RuntimeConfig", "load_runtime_config"]
+__all__ = ["DEFAULT_CONFIG_PATH", "DEFAULT_DENIED_ENV", "DEFAULT_MODIFIERS", "RuntimeConfig", "load_runtime_config"]

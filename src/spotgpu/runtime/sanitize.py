@@ -11,8 +11,9 @@ the configurable chain: these rules cannot be configured away.
    write them again where they apply, so each one says what *we* decided for this very spec; one
    set through a pod-annotation allow-list never survives (the shell fast path sends every
    ``create`` that carries one here).
-2. **Denied env** (``runtime.deniedEnv``: ``NVIDIA_VISIBLE_DEVICES`` and the MIG selectors, which
-   nvidia-container-runtime turns into device nodes) is *stripped* from ``process.env`` of every
+2. **Denied env** (``runtime.deniedEnv``: ``NVIDIA_VISIBLE_DEVICES`` and the toolkit's other
+   selectors, :data:`~spotgpu.runtime.config.DEFAULT_DENIED_ENV`, which nvidia-container-runtime
+   turns into device nodes) is *stripped* from ``process.env`` of every
    container that is not an allocated holder of a ``runtime.gpuResources`` device: every spot
    container (its devices come only from the checked sync, whose plugin env is set afterwards),
    every container holding no GPU, sandboxes and containers outside Kubernetes. Stripped, not

@@ -92,3 +92,14 @@ the node's runtime whose version decides whether the guard can work.
 - name: SPOTGPU_HOST_RUNTIME_REPORT
   value: parent
 {{- end -}}
+
+{{/* The admission policies' namespaceSelector: every namespace but admission.excludedNamespaces. */}}
+{{- define "spotgpu.admissionNamespaces" -}}
+{{- with .Values.admission.excludedNamespaces -}}
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values: {{ toJson . }}
+{{- end }}
+{{- end }}
