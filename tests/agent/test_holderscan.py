@@ -58,7 +58,7 @@ class Pods:
         return proc
 
     def holder(self, uid: str, cid: str) -> subprocess.Popen[bytes]:
-        return self.run(uid, cid, f"exec 3<>{self.gpu}; exec sleep 1000")
+        return self.run(uid, cid, f"exec 3<>{self.gpu}; exec sleep 86401")
 
     def close(self) -> None:
         for proc in self.procs:
@@ -113,9 +113,9 @@ def test_the_check_kills_a_stranger_holding_the_gpu_and_spares_the_owner_and_exe
     owner_proc = pods.holder(owner, "a" * 64)
     stranger_proc = pods.holder(stranger, "b" * 64)
     exempt_proc = pods.holder(exempt, "c" * 64)
-    bystander_proc = pods.run(bystander, "d" * 64, "exec sleep 1000")  # holds nothing
+    bystander_proc = pods.run(bystander, "d" * 64, "exec sleep 86401")  # holds nothing
     assert all(_holds(p.pid, pods.gpu) for p in (owner_proc, stranger_proc, exempt_proc))
-    host = subprocess.Popen(["sh", "-c", f"exec 3<>{pods.gpu}; exec sleep 1000"])  # a node daemon
+    host = subprocess.Popen(["sh", "-c", f"exec 3<>{pods.gpu}; exec sleep 86401"])  # a node daemon
     try:
         gpu = device_file(str(pods.gpu))
         assert gpu is not None
@@ -139,7 +139,7 @@ def test_an_fd_passed_over_a_unix_socket_is_found_in_the_receiver(pods: Pods, tm
     receiver_code = (
         "import socket,sys,time\n"
         f"s=socket.socket(socket.AF_UNIX); s.bind({str(sock)!r}); s.listen(1); c,_=s.accept()\n"
-        "msg,fds,_,_=socket.recv_fds(c,1,1); print(len(fds),flush=True); time.sleep(1000)\n"
+        "msg,fds,_,_=socket.recv_fds(c,1,1); print(len(fds),flush=True); time.sleep(86401)\n"
     )
     receiver = subprocess.Popen([sys.executable, "-c", receiver_code], stdout=subprocess.PIPE)
     cpu_pod = _uid()
@@ -164,8 +164,8 @@ def test_an_fd_passed_over_a_unix_socket_is_found_in_the_receiver(pods: Pods, tm
 
 def test_every_process_of_a_victim_pod_dies_but_its_sandbox(pods: Pods) -> None:
     victim, sandbox, sidecar = _uid(), "f" * 64, "9" * 64
-    pause = pods.run(victim, sandbox, "exec sleep 1000")
-    side = pods.run(victim, sidecar, "exec sleep 1000")  # a native sidecar nobody listed, no GPU
+    pause = pods.run(victim, sandbox, "exec sleep 86401")
+    side = pods.run(victim, sidecar, "exec sleep 86401")  # a native sidecar nobody listed, no GPU
     gpu = device_file(str(pods.gpu))
     assert gpu is not None
     scope = ReleaseScope(
