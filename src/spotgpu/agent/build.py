@@ -16,7 +16,7 @@ from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.adapters.agent_state import LendStateFile
 from spotgpu.adapters.containerd import ContainerdTasks
 from spotgpu.adapters.devnode_gpu import DeviceNode, DeviceNodeBackend
-from spotgpu.adapters.holderscan import DeviceFile, HolderScanner, ReleaseChecker, device_file
+from spotgpu.adapters.holderscan import DeviceFile, HolderScanner, ReleaseChecker, device_file, hierarchy
 from spotgpu.adapters.kubelet import PodResourcesView
 from spotgpu.agent.ports import GuardPort, KubePort
 from spotgpu.agent.service import Agent, RuntimeHost, RuntimeServiceFactory
@@ -70,7 +70,8 @@ def make_release_check(config: AgentConfig, backend: GpuBackend) -> ReleaseCheck
         files = [device_file(str(c.path), c.container_paths) for c in check.control_devices]
         return [f for f in files if f is not None]
 
-    return ReleaseChecker(HolderScanner(check.cgroup_roots), gpu_files, control_files)
+    scanner = HolderScanner(check.cgroup_roots, mount=hierarchy(check.cgroup_mount))
+    return ReleaseChecker(scanner, gpu_files, control_files)
 
 
 def make_utilization(config: AgentConfig, metrics: AgentMetrics) -> UtilizationReader | None:

@@ -130,7 +130,7 @@ class SolverLookups:
             spot = [self.settings.spot_resource, *self.allocator.resources]
             return watch_scopes(
                 self.mapping.snapshot(), wanted, lent, self._pods, self._runtime, spot,
-                self.settings.return_path.release_check.exempt_namespaces,
+                self.settings.exempt_namespaces,
             )  # fmt: skip
 
     def lending_states(self) -> dict[ContainerRef, OwnerLending]:

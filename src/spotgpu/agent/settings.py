@@ -82,6 +82,11 @@ class SolverSettings:
         return twin_pools(self.spot_resource, twin_replicas=self.twin_replicas, shared_replicas=self.shared_replicas)
 
     @property
+    def exempt_namespaces(self) -> tuple[str, ...]:
+        """Namespaces the release check exempts (``agent.eviction.releaseCheck.exemptNamespaces``)."""
+        return self.return_path.release_check.exempt_namespaces
+
+    @property
     def rules(self) -> LendRules:
         return LendRules(self.max_inactive_time, self.lending)
 

@@ -29,15 +29,14 @@ Eviction (owner back, coverage lost, or a violation), in this order:
    even for a spot container the kubelet restarts with an old grant;
 2. for an owner's return, pod-resources is read again and the plan made from it, so a spot
    container started since the last refresh is not missed;
-3. the evictor stops and verifies every spot task (:mod:`spotgpu.agent.evictor`, on its
-   raised-priority executor);
-4. the MappingCache forgets the victims and the guard is disarmed: the owner's held call
-   proceeds on a clean GPU (this step takes no lock of ours); then, under the lock, the owner
-   becomes ``active`` (its ``EvictionDone``) and the twins are republished, and after it the
-   lending record is written;
-5. the spot pods are deleted through the Kubernetes API. This comes after the release on
-   purpose: the owner waits for its GPUs to be clean, not for the API server (whose latency a
-   node does not control), and by step 1 nothing can put spot work back on them.
+3. the evictor stops and verifies every spot task and runs the release check (no other process
+   holds the GPUs; :mod:`spotgpu.agent.evictor`, on its raised-priority executor);
+4. the MappingCache forgets the victims, the guard is disarmed: the owner's held call proceeds
+   on a clean GPU (no lock of ours); then, under the lock, the owner becomes ``active`` and the
+   twins are republished, and after it the lending record is written;
+5. the spot pods are deleted through the Kubernetes API, after the release on purpose: the
+   owner waits for clean GPUs, not for the API server, and by step 1 nothing can put spot
+   work back on them.
 
 Concurrency: one lock guards the state; a state transition (``lent`` -> ``evicting``) happens
 exactly once under it, so a guard signal and a detection poll racing for the same owner produce
@@ -294,7 +293,7 @@ class Solver(SolverPublishing):
         for v in violations:
             plan = plan_eviction(
                 snapshot, v.owner, v.devices, self._pods, self._runtime, reason=v.reason, at=now,
-                exempt_namespaces=self.settings.return_path.release_check.exempt_namespaces,
+                exempt_namespaces=self.settings.exempt_namespaces,
             )  # fmt: skip
             if plan.victims and all(
                 self.evictor.stopped_lately(victim.container_ids, STALE_VIEW) for victim in plan.victims
@@ -515,7 +514,7 @@ class Solver(SolverPublishing):
                 self._runtime,
                 reason=evict.reason,
                 at=evict.at,
-                exempt_namespaces=self.settings.return_path.release_check.exempt_namespaces,
+                exempt_namespaces=self.settings.exempt_namespaces,
             )
         outcome = self._run_eviction(plan)
         with normal_priority():

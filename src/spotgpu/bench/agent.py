@@ -555,8 +555,8 @@ def run(args: argparse.Namespace) -> int:
         load_after=env.load_average(),
         containerd_binaries=args.containerd_binary,
     )
-    text = json.dumps(result, indent=2, sort_keys=True)
+    text = json.dumps(result, indent=2, sort_keys=True, default=str)  # configs hold paths
     if args.out is not None:
         args.out.write_text(text + "\n")
-    print(json.dumps(result, sort_keys=True) if args.json else text)
+    print(json.dumps(result, sort_keys=True, default=str) if args.json else text)
     return 1 if args.check and not result["all_met"] else 0

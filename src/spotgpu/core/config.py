@@ -395,9 +395,12 @@ class ReleaseCheckConfig:
     enabled: bool = True
     """``false`` releases the owner once the spot tasks are stopped, without looking for other
     holders (the earlier behaviour: a GPU fd passed to another pod survives the return)."""
+    cgroup_mount: Path = Path("/sys/fs/cgroup")
+    """The host's cgroup tree (v2: its mount; v1: the folder of the hierarchies); the chart
+    mounts the host's over the pod's own, which may show only its cgroup namespace."""
     cgroup_roots: tuple[str, ...] = ("kubepods.slice", "kubepods")
-    """The kubelet's pod cgroups, relative to the cgroup v2 mount (``/sys/fs/cgroup``): both
-    cgroup drivers' names by default. Only processes below them are looked at."""
+    """The kubelet's pod cgroups, relative to the cgroup v2 mount or a v1 hierarchy: both cgroup
+    drivers' names by default. Only processes below them are looked at."""
     control_devices: tuple[ControlDeviceConfig, ...] = NVIDIA_CONTROL_DEVICES
     """Shared control nodes: a pod holding one must hold some GPU of the node."""
     exempt_namespaces: tuple[str, ...] = ()
