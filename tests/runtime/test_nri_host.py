@@ -248,3 +248,18 @@ def test_a_lookup_that_fails_refuses_the_start() -> None:
     with pytest.raises(RpcError) as info:
         started(NriRuntime(engine(lookup)), SPOT_CTR, **{keys.SYNCED_DEVICES: SYNCED})
     assert info.value.code == UNAVAILABLE and "cannot check" in info.value.message
+
+
+def test_a_start_with_nothing_to_check_does_not_wait_for_a_busy_pool() -> None:
+    """Every container's StartContainer reaches the plugin: one that synced nothing must not
+    queue behind slow create decisions (a refusal by timeout would fail a CPU pod's start)."""
+    runtime = NriRuntime(engine(), workers=1)
+    blocker = runtime._pool.submit(time.sleep, 1.0)
+    began = time.monotonic()
+    runtime.start_container(*request(ContainerRef(NS, "web", "nginx")), timeout=1.0)
+    assert time.monotonic() - began < 0.2
+    with pytest.raises(RpcError) as info:  # a synced one waits, and past the deadline is refused
+        runtime.start_container(*request(SPOT_CTR, **{keys.SYNCED_DEVICES: SYNCED}), timeout=0.6)
+    assert info.value.code == UNAVAILABLE and "no start decision" in info.value.message
+    blocker.result()
+    runtime.close()

@@ -244,7 +244,10 @@ class NriRuntime:
         return adjust
 
     def start_container(self, pod: nri.PodSandbox, container: nri.Container, timeout: float) -> None:
-        self._answer("start", pod, container, timeout, self.check_start)
+        with self._lock:
+            remembered = container.id in self._synced
+        if remembered or keys.SYNCED_DEVICES in container.annotations:  # else nothing to check: no wait
+            self._answer("start", pod, container, timeout, self.check_start)
 
     def synchronize(self, pods: Sequence[nri.PodSandbox], containers: Sequence[nri.Container]) -> None:
         listener = str(self.engine.config.guard_listener_path)
