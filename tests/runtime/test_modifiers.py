@@ -94,7 +94,9 @@ def test_devices_replaces_an_existing_env_and_device_node_in_place() -> None:
         {"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229},
     ]
     new = modified(spec)
-    assert "NVIDIA_VISIBLE_DEVICES=GPU-a" in new["process"]["env"]  # the spot container's own were stripped
+    assert (
+        "NVIDIA_VISIBLE_DEVICES=GPU-a" in new["process"]["env"]
+    )  # the spot container's own were neutralized, then set
     assert sum(e.startswith("NVIDIA_VISIBLE_DEVICES=") for e in new["process"]["env"]) == 1
     assert sorted((d["path"], d["major"]) for d in new["linux"]["devices"]) == [
         ("/dev/fuse", 10),

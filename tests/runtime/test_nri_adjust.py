@@ -8,8 +8,8 @@ set a CPU set, replace the seccomp profile, set or drop annotations). Properties
 * sound: applying the adjustment (the model of containerd's side) gives the chain's output,
   checked field by field here, independently of :func:`spotgpu.nri.adjust.view`;
 * strict: a change NRI cannot express (a field it cannot adjust, a narrower device access than
-  NRI grants, ``errnoRet``, a removed profile, a deny rule, duplicate env names) is refused,
-  never dropped;
+  NRI grants, ``errnoRet``, a removed profile, a deny rule, duplicate env names, a removed env
+  variable, which containerd 2.2.7 ignores) is refused, never dropped;
 * the real chain on real NRI requests (the fakes of tests/runtime) converts without refusal.
 """
 
@@ -184,7 +184,18 @@ def test_chain_changes_are_carried_exactly(before: dict[str, Any], ops: list[tup
     assert adjustment_for(after, after) == nri.ContainerAdjustment()  # nothing to do: nothing sent
 
 
-BAD = ["hostname", "cgroups", "narrower", "errno", "default-errno", "no-seccomp", "deny", "dup-env", "drop-rule"]
+BAD = [
+    "hostname",
+    "cgroups",
+    "narrower",
+    "errno",
+    "default-errno",
+    "no-seccomp",
+    "deny",
+    "dup-env",
+    "drop-rule",
+    "drop-env",
+]
 
 
 @given(before=inputs(), ops=edits, bad=st.sampled_from(BAD))
@@ -211,8 +222,41 @@ def test_what_nri_cannot_express_is_refused(before: dict[str, Any], ops: list[tu
         after["process"]["env"] += ["DUP=1", "DUP=2"]
     elif bad == "drop-rule":
         after["linux"]["resources"]["devices"] = []
+    elif bad == "drop-env":
+        assume(before["process"]["env"])
+        gone = before["process"]["env"][0].split("=", 1)[0]
+        after["process"]["env"] = [e for e in after["process"]["env"] if e.split("=", 1)[0] != gone]
     with pytest.raises(NotExpressible):
         adjustment_for(before, after)
+
+
+# --- env removal: what containerd 2.2.7 really does ----------------------------------------------------
+
+
+def test_the_model_keeps_a_variable_an_adjustment_removes() -> None:
+    """Measured on containerd 2.2.7 (a CPU pod with NVIDIA_VISIBLE_DEVICES=all, KEEP=1): an env
+    removal leaves the variable in config.json; a changed value replaces it in place."""
+    spec: dict[str, Any] = {"process": {"env": ["NVIDIA_VISIBLE_DEVICES=all", "KEEP=1"]}}
+    removal = nri.ContainerAdjustment(env=[nri.KeyValue(key="-NVIDIA_VISIBLE_DEVICES"), nri.KeyValue(key="-KEEP")])
+    assert apply_adjustment(spec, removal)["process"]["env"] == ["NVIDIA_VISIBLE_DEVICES=all", "KEEP=1"]
+    both = nri.ContainerAdjustment(
+        env=[nri.KeyValue(key="-NVIDIA_VISIBLE_DEVICES"), nri.KeyValue(key="NVIDIA_VISIBLE_DEVICES", value="void")]
+    )
+    assert apply_adjustment(spec, both)["process"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void", "KEEP=1"]
+
+
+def test_an_env_removal_is_refused_not_sent() -> None:
+    before: dict[str, Any] = {"process": {"args": ["sh"], "env": ["A=1", "NVIDIA_VISIBLE_DEVICES=all"]}}
+    after: dict[str, Any] = {"process": {"args": ["sh"], "env": ["A=1"]}}
+    with pytest.raises(NotExpressible, match="ignores an NRI env removal"):
+        adjustment_for(before, after)
+
+
+def test_a_neutralized_selector_is_sent_as_a_new_value() -> None:
+    before: dict[str, Any] = {"process": {"args": ["sh"], "env": ["NVIDIA_VISIBLE_DEVICES=all", "KEEP=1"]}}
+    after: dict[str, Any] = {"process": {"args": ["sh"], "env": ["NVIDIA_VISIBLE_DEVICES=void", "KEEP=1"]}}
+    adjust = adjustment_for(before, after)
+    assert [(kv.key, kv.value) for kv in adjust.env] == [("NVIDIA_VISIBLE_DEVICES", "void")]
 
 
 # --- the real chain on NRI requests ------------------------------------------------------------------

@@ -4,10 +4,17 @@
 * an adjustment larger than one 4096-byte frame arrives whole;
 * an owner with containerd's RuntimeDefault profile (which containerd 2.2.7 does not show NRI)
   keeps that profile and is created unguarded with the reason, and containerd survives;
-* NRI fails open: when the plugin process dies in the middle of a CreateContainer, containerd
-  creates the container without our adjustment. An owner created so has no guard rule (the
-  guard never gets its notify fd, so the agent never lends it) and a spot container has no
-  device: both are checked here;
+* a CPU pod's device selector (``NVIDIA_VISIBLE_DEVICES=all``, or a legacy CUDA image without
+  it) arrives in config.json as ``NVIDIA_VISIBLE_DEVICES=void`` (containerd ignores env removals);
+* the create/start race: a spot container created while lent whose owner returns before its
+  StartContainer is refused at the start and its process never runs; one still lent starts;
+* no plugin connected: NRI's default validator (the shipped nri-v3.toml) refuses every create,
+  except for pods with the toleration annotation; with the validator off, NRI fails open;
+* the limit that stays: when the plugin process dies in the middle of a CreateContainer,
+  containerd creates that container without our adjustment, validator or not (the plugin was
+  registered when the create began). An owner created so has no guard rule (the guard never
+  gets its notify fd, so the agent never lends it) and a spot container has no device: both
+  are checked here;
 * CDI: a vendor plugin that answers Allocate with CDI names only (containerd resolves them for
   the owner); a spot container's sync of such devices is injected through the NRI adjustment.
 """
@@ -27,11 +34,12 @@ from typing import Any
 
 import pytest
 
+from spotgpu.adapters.proto import cri_runtime_v1_pb2 as cri_pb
 from spotgpu.core import keys
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE
 from spotgpu.core.refs import ContainerRef
 from spotgpu.runtime.ownerstate import write_owner_state
-from spotgpu.testing.cri import ContainerSpec, CriError
+from spotgpu.testing.cri import ContainerSpec, CriError, RunningPod
 from spotgpu.testing.cri_rig import CriRig
 from spotgpu.testing.listener import RecordingListener
 
@@ -102,7 +110,91 @@ def test_a_runtime_default_owner_keeps_its_profile_and_is_unguarded(rig: tuple[C
     assert node.containerd.running  # we never sent errno_ret: containerd did not crash
 
 
-# --- NRI fails open: the plugin killed mid-create ----------------------------------------------------
+SELECTOR = {"NVIDIA_VISIBLE_DEVICES": "all", "KEEP": "1"}
+"""A CPU pod's env as a CUDA base image sets it: with nvidia-container-runtime as the handler,
+``all`` would give the pod every GPU of the node."""
+
+
+def env_of(spec: dict[str, Any]) -> list[str]:
+    return [str(e) for e in spec["process"]["env"]]
+
+
+@pytest.mark.parametrize("env", [SELECTOR, {"CUDA_VERSION": "11.0.3", "KEEP": "1"}], ids=["all", "legacy-unset"])
+def test_a_cpu_pods_device_selector_is_neutralized_in_the_config_runc_runs(
+    rig: tuple[CriRig, RecordingListener], env: dict[str, str]
+) -> None:
+    """Attack: a CPU pod whose image env selects every GPU (``all``, or a legacy CUDA image
+    without the variable). containerd 2.2.7 ignores an NRI env removal, so the plugin sends the
+    neutral value instead: config.json selects no GPU."""
+    node, _ = rig
+    assert node.cri is not None
+    pod = node.pod(ContainerRef("team-a", "cpu-selector", "worker"))
+    cid = node.cri.run_container(pod, ContainerSpec("worker", env=env))
+    got = env_of(node.bundle_spec(cid))
+    assert [e for e in got if e.startswith("NVIDIA_VISIBLE_DEVICES")] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    assert "KEEP=1" in got
+    node.cri.delete_pod(pod)
+
+
+# --- StartContainer: the lend rule asked again ------------------------------------------------------
+
+
+def spot_created_while_lent(node: CriRig, name: str, marker: Path) -> tuple[RunningPod, str]:
+    """A spot container created (not started) while its GPU is lent; its process would write
+    ``marker`` (a host folder mounted at /out) the moment it runs."""
+    assert node.cri is not None
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    pod = node.pod(ContainerRef("team-a", name, "worker"))
+    spec = ContainerSpec(
+        "worker",
+        args=("sh", "-c", "echo ran > /out/ran; sleep 1000000"),
+        resources={SPOT_GPU_RESOURCE: 1},
+        mounts=[("/out", str(marker.parent), False)],
+    )
+    cid = node.cri.create_container(pod, spec)
+    assert keys.SYNCED_DEVICES in node.cri.runtime_spec(cid)["annotations"]
+    return pod, cid
+
+
+def test_a_spot_container_whose_owner_returned_before_its_start_never_runs(
+    rig: tuple[CriRig, RecordingListener], tmp_path: Path
+) -> None:
+    """Attack (the create/start race): the spot container is created while its GPU is lent; the
+    owner comes back before the kubelet's StartContainer (the eviction found no task to kill).
+    The plugin asks the lend rule again at StartContainer: the start fails, no process runs."""
+    node, _ = rig
+    assert node.cri is not None
+    pod, cid = spot_created_while_lent(node, "late-start", tmp_path / "out" / "ran")
+    node.lent.update(dict.fromkeys(node.gpu_ids, False))  # the owner is back
+    try:
+        with pytest.raises(CriError) as refused:
+            node.cri.start_container(cid)
+        assert "start refused" in refused.value.details and "is not lent out now" in refused.value.details
+        state = node.cri.status(cid).status.state
+        assert state != cri_pb.CONTAINER_RUNNING
+        time.sleep(0.5)
+        assert not (tmp_path / "out" / "ran").exists()  # its process never ran
+    finally:
+        node.lent.clear()
+        node.cri.delete_pod(pod)
+
+
+def test_a_spot_container_still_lent_at_its_start_runs(rig: tuple[CriRig, RecordingListener], tmp_path: Path) -> None:
+    """The control case: created and started while lent, the process runs."""
+    node, _ = rig
+    assert node.cri is not None
+    pod, cid = spot_created_while_lent(node, "on-time-start", tmp_path / "out" / "ran")
+    try:
+        node.cri.start_container(cid)
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "out" / "ran").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (tmp_path / "out" / "ran").read_text() == "ran\n"
+    finally:
+        node.cri.delete_pod(pod)
+
+
+# --- the limit: the plugin killed mid-create (the validator saw it registered) ----------------------
 
 
 class PluginProcess:
@@ -142,7 +234,8 @@ class PluginProcess:
 def bare(
     tmp_path_factory: pytest.TempPathFactory, cri_images: list[Path], containerd_binaries: Callable[[str], Any]
 ) -> Iterator[CriRig]:
-    """NRI on in containerd, no plugin in this process: each test runs one as a child."""
+    """NRI on in containerd with the shipped default validator, no plugin in this process: each
+    test that needs one runs it as a child."""
     base = Path(tmp_path_factory.mktemp("nri-bare"))
     node = CriRig(base, containerd_binaries("2.2"), "nri", cri_images, host_plugin=False)
     try:
@@ -212,6 +305,63 @@ def test_a_spot_container_created_while_the_plugin_dies_has_no_device(bare: CriR
     finally:
         bare.cri.delete_pod(pod)
         bare.cache.delete(OWNER)
+
+
+# --- no plugin connected: NRI's default validator ------------------------------------------------
+
+
+def test_without_the_plugin_no_container_is_created(bare: CriRig) -> None:
+    """Attack: the agent is down and a CPU pod whose image selects every GPU is created. The
+    shipped nri-v3.toml makes NRI's default validator require the ``spotgpu`` plugin: the
+    create fails, nothing reaches runc."""
+    assert bare.cri is not None
+    pod = bare.pod(ContainerRef("team-a", "agent-down", "worker"))
+    try:
+        with pytest.raises(CriError) as refused:
+            bare.cri.create_container(pod, ContainerSpec("worker", env=SELECTOR))
+        assert 'required plugin "spotgpu" not present' in refused.value.details
+    finally:
+        bare.cri.delete_pod(pod)
+
+
+def test_a_pod_with_the_toleration_is_created_without_the_plugin(bare: CriRig) -> None:
+    """What the toleration annotation allows (the agent's own pod, system pods): created
+    unadjusted, its env as the image set it. Admission reserves the annotation to system
+    namespaces, since it opts the pod out of every spotgpu rule."""
+    assert bare.cri is not None
+    pod = bare.pod(
+        ContainerRef("kube-system", "system-pod", "worker"), annotations={keys.NRI_TOLERATE_MISSING_PLUGIN: "true"}
+    )
+    try:
+        cid = bare.cri.run_container(pod, ContainerSpec("worker", env=SELECTOR))
+        assert "NVIDIA_VISIBLE_DEVICES=all" in env_of(bare.bundle_spec(cid))
+    finally:
+        bare.cri.delete_pod(pod)
+
+
+@pytest.fixture(scope="module")
+def open_node(
+    tmp_path_factory: pytest.TempPathFactory, cri_images: list[Path], containerd_binaries: Callable[[str], Any]
+) -> Iterator[CriRig]:
+    """NRI on, no plugin, the default validator turned OFF: a node without the shipped table."""
+    base = Path(tmp_path_factory.mktemp("nri-open"))
+    node = CriRig(base, containerd_binaries("2.2"), "nri", cri_images, host_plugin=False, nri_validator=False)
+    try:
+        yield node.start()
+    finally:
+        node.stop()
+
+
+def test_without_the_validator_nri_fails_open(open_node: CriRig) -> None:
+    """The limit the validator closes, shown: with it off and the agent down, containerd creates
+    the CPU pod unadjusted and its config.json still selects every GPU."""
+    assert open_node.cri is not None
+    pod = open_node.pod(ContainerRef("team-a", "fail-open", "worker"))
+    try:
+        cid = open_node.cri.run_container(pod, ContainerSpec("worker", env=SELECTOR))
+        assert "NVIDIA_VISIBLE_DEVICES=all" in env_of(open_node.bundle_spec(cid))
+    finally:
+        open_node.cri.delete_pod(pod)
 
 
 # --- CDI -----------------------------------------------------------------------------------------

@@ -190,3 +190,76 @@ def test_the_agent_hosts_nri_mode_next_to_the_wrappers_socket(tmp_path: Any) -> 
     finally:
         service.stop()
         runtime_side.close()
+
+
+# --- StartContainer: the lend rule asked again ----------------------------------------------------
+
+SYNCED = '{"nvidia.com/gpu":["GPU-a"]}'
+
+
+def started(runtime: NriRuntime, ref: ContainerRef, **annotations: str) -> None:
+    runtime.check_start(*request(ref, **annotations))
+
+
+def test_a_start_whose_synced_gpu_is_still_lent_passes() -> None:
+    started(NriRuntime(engine()), SPOT_CTR, **{keys.SYNCED_DEVICES: SYNCED})
+
+
+@pytest.mark.parametrize("lent", [False, None])
+def test_a_start_whose_synced_gpu_is_not_lent_now_is_refused(lent: bool | None) -> None:
+    """The owner came back (False) or the agent cannot say (None): fail closed."""
+    lookup = standard_lookup()
+    lookup.lendable["GPU-a"] = lent  # type: ignore[assignment]
+    with pytest.raises(RpcError) as info:
+        started(NriRuntime(engine(lookup)), SPOT_CTR, **{keys.SYNCED_DEVICES: SYNCED})
+    assert info.value.code == PERMISSION_DENIED and "start refused" in info.value.message
+    assert ("is not lent out now" if lent is False else "cannot say") in info.value.message
+
+
+def test_the_create_decision_is_remembered_for_the_start() -> None:
+    """The start is checked even if the container's annotations at start do not show the sync."""
+    lookup = standard_lookup()
+    runtime = NriRuntime(engine(lookup))
+    runtime.decide(*request(SPOT_CTR, **sync("GPU-a")))
+    lookup.lendable["GPU-a"] = False
+    with pytest.raises(RpcError, match="GPU-a"):
+        started(runtime, SPOT_CTR)  # no synced-devices annotation in this start event
+
+
+def test_a_malformed_synced_record_refuses_the_start() -> None:
+    with pytest.raises(RpcError) as info:
+        started(NriRuntime(engine()), SPOT_CTR, **{keys.SYNCED_DEVICES: '{"nvidia.com/gpu": "GPU-a"}'})
+    assert info.value.code == PERMISSION_DENIED and "not a map of resource to device IDs" in info.value.message
+
+
+def test_a_container_that_synced_nothing_starts_without_asking() -> None:
+    lookup = standard_lookup()
+    lookup.lendable.clear()  # the agent could not answer about any GPU
+    started(NriRuntime(engine(lookup)), ContainerRef(NS, "web", "nginx"))
+
+
+def test_a_lookup_that_fails_refuses_the_start() -> None:
+    lookup = standard_lookup()
+
+    def broken(device: str) -> bool | None:
+        raise OSError("agent socket gone")
+
+    lookup.device_lendable = broken  # type: ignore[method-assign]
+    with pytest.raises(RpcError) as info:
+        started(NriRuntime(engine(lookup)), SPOT_CTR, **{keys.SYNCED_DEVICES: SYNCED})
+    assert info.value.code == UNAVAILABLE and "cannot check" in info.value.message
+
+
+def test_a_start_with_nothing_to_check_does_not_wait_for_a_busy_pool() -> None:
+    """Every container's StartContainer reaches the plugin: one that synced nothing must not
+    queue behind slow create decisions (a refusal by timeout would fail a CPU pod's start)."""
+    runtime = NriRuntime(engine(), workers=1)
+    blocker = runtime._pool.submit(time.sleep, 1.0)
+    began = time.monotonic()
+    runtime.start_container(*request(ContainerRef(NS, "web", "nginx")), timeout=1.0)
+    assert time.monotonic() - began < 0.2
+    with pytest.raises(RpcError) as info:  # a synced one waits, and past the deadline is refused
+        runtime.start_container(*request(SPOT_CTR, **{keys.SYNCED_DEVICES: SYNCED}), timeout=0.6)
+    assert info.value.code == UNAVAILABLE and "no start decision" in info.value.message
+    blocker.result()
+    runtime.close()

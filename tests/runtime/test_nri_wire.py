@@ -78,6 +78,8 @@ class Handler:
         self.synced: list[tuple[int, int]] = []
         self.created: list[str] = []
         self.answer: nri.ContainerAdjustment | RpcError = nri.ContainerAdjustment()
+        self.started: list[str] = []
+        self.start_answer: RpcError | None = None
         self.runtime: tuple[str, str] | None = None
 
     def create_container(
@@ -87,6 +89,11 @@ class Handler:
         if isinstance(self.answer, RpcError):
             raise self.answer
         return self.answer
+
+    def start_container(self, pod: nri.PodSandbox, container: nri.Container, timeout: float) -> None:
+        self.started.append(container.name)
+        if self.start_answer is not None:
+            raise self.start_answer
 
     def synchronize(self, pods: Sequence[nri.PodSandbox], containers: Sequence[nri.Container]) -> None:
         self.synced.append((len(pods), len(containers)))
@@ -112,7 +119,7 @@ def configure_and_sync(runtime: FakeRuntime, parts: int = 1) -> None:
     answer = runtime.call(
         "Configure", nri.ConfigureRequest(runtime_name="fake", request_timeout=2000).SerializeToString()
     )
-    assert nri.ConfigureResponse.FromString(answer.payload).events == 0x8  # CreateContainer only
+    assert nri.ConfigureResponse.FromString(answer.payload).events == 0x28  # CreateContainer, StartContainer
     for part in range(parts):
         request = nri.SynchronizeRequest(pods=[nri.PodSandbox(id=f"p{part}")], containers=[nri.Container(id="c")])
         request.more = part < parts - 1
@@ -150,6 +157,24 @@ def test_create_container_answers_and_errors_are_statuses(session: tuple[FakeRun
     refused = runtime.call("CreateContainer", request.SerializeToString())
     assert refused.status.code == PERMISSION_DENIED and "twin-not-allocated" in refused.status.message
     assert runtime.call("Frobnicate", b"").status.code == UNIMPLEMENTED
+
+
+def test_start_container_events_reach_the_handler_and_its_refusal_is_a_status(
+    session: tuple[FakeRuntime, NriPlugin, Handler],
+) -> None:
+    runtime, _, handler = session
+    configure_and_sync(runtime)
+    event = nri.StateChangeEvent(
+        event=nri.START_CONTAINER, pod=nri.PodSandbox(name="p"), container=nri.Container(name="c")
+    )
+    answer = runtime.call("StateChange", event.SerializeToString())
+    assert not answer.HasField("status") and handler.started == ["c"]
+    handler.start_answer = RpcError(PERMISSION_DENIED, "spotgpu-runtime: start refused: 'GPU-0' is not lent out now")
+    refused = runtime.call("StateChange", event.SerializeToString())
+    assert refused.status.code == PERMISSION_DENIED and "not lent out now" in refused.status.message
+    other = nri.StateChangeEvent(event=nri.POST_START_CONTAINER, container=nri.Container(name="c"))
+    assert not runtime.call("StateChange", other.SerializeToString()).HasField("status")
+    assert handler.started == ["c", "c"]  # only START_CONTAINER asks the handler
 
 
 def test_a_large_answer_goes_out_in_frames_of_at_most_4096_bytes(

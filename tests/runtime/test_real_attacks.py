@@ -97,7 +97,9 @@ def test_a_gpu_the_agent_cannot_vouch_for_is_not_synced(rig: Rig) -> None:
 _NVIDIA_STAND_IN = """#!{python} -I
 # A stand-in for nvidia-container-runtime's legacy mode: it reads NVIDIA_VISIBLE_DEVICES from the
 # bundle's process env and gives the container those GPUs' device nodes (and, as the toolkit does,
-# IMEX channel 0 for NVIDIA_IMEX_CHANNELS=0, the NVSwitch for NVIDIA_NVSWITCH=enabled), then execs runc.
+# IMEX channel 0 for NVIDIA_IMEX_CHANNELS=0, the NVSwitch for NVIDIA_NVSWITCH=enabled), then execs
+# runc. As the toolkit does (internal/config/image/cuda_image.go): "void" or empty selects none,
+# and the variable UNSET on a legacy CUDA image (CUDA_VERSION set, no NVIDIA_REQUIRE_CUDA) selects all.
 import json, os, sys
 args = sys.argv[1:]
 nodes = {{"GPU-a": ("/dev/nvidia0", 3), "GPU-b": ("/dev/nvidia1", 5)}}
@@ -106,8 +108,11 @@ if "create" in args:
     path = os.path.join(bundle, "config.json")
     spec = json.load(open(path))
     env = dict(e.split("=", 1) for e in spec["process"].get("env", []) if "=" in e)
-    value = env.get("NVIDIA_VISIBLE_DEVICES", "")
-    wanted = [nodes[g] for g in (list(nodes) if value == "all" else [v for v in value.split(",") if v in nodes])]
+    legacy = bool(env.get("CUDA_VERSION")) and not env.get("NVIDIA_REQUIRE_CUDA")
+    value = env.get("NVIDIA_VISIBLE_DEVICES", "all" if legacy else "")
+    chosen = [v.strip() for v in value.split(",") if v.strip()]
+    gpus = [] if "void" in chosen else list(nodes) if "all" in chosen else [v for v in chosen if v in nodes]
+    wanted = [nodes[g] for g in gpus]
     if env.get("NVIDIA_IMEX_CHANNELS") == "0":  # the hook creates the channel on the host, then injects it
         wanted.append(("/dev/nvidia-caps-imex-channels/channel0", 7))
     if wanted and env.get("NVIDIA_NVSWITCH") == "enabled":  # gated: only with GPUs requested
@@ -138,14 +143,14 @@ def nvidia_rig(tmp_path: Path) -> Iterator[Rig]:
 def test_a_container_holding_no_gpu_cannot_select_devices_through_its_env(nvidia_rig: Rig) -> None:
     """With nvidia-container-runtime below us, ``NVIDIA_VISIBLE_DEVICES=all`` in a CPU pod's own
     env (or a CUDA image's) would hand it every GPU on the node, the lent ones included, without
-    any sync check. It is stripped from every container that is not an allocated GPU holder; the
-    owner, which the kubelet allocated GPU-a and GPU-b, keeps its own."""
+    any sync check. It is neutralized (``void``) in every container that is not an allocated GPU
+    holder; the owner, which the kubelet allocated GPU-a and GPU-b, keeps its own."""
     rig = nvidia_rig
     env = ("PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all")
     tenant = rig.bundle("tenant", cri(TENANT), OPEN0, env=env)
     code, out = runc_run(rig, tenant, unique("tenant"))
     assert code == 0, out
-    assert "OPEN0-OK" not in out and "VISIBLE=\n" in out, out
+    assert "OPEN0-OK" not in out and "VISIBLE=void\n" in out, out
     spot = rig.bundle("spot-sidecar", cri(SPOT), OPEN0, env=("PATH=/bin", "NVIDIA_VISIBLE_DEVICES=GPU-a"))
     code, out = runc_run(rig, spot, unique("spot-sidecar"))  # holds a twin, syncs nothing: no GPU
     assert code == 0 and "OPEN0-OK" not in out, out
@@ -174,6 +179,29 @@ def test_a_container_holding_no_gpu_cannot_select_imex_channels_or_nvswitches(nv
     owner = rig.bundle("owner", cri(OWNER), OPEN_FABRIC, env=(*FABRIC_ENV, "NVIDIA_VISIBLE_DEVICES=GPU-a"))
     code, out = runc_run(rig, owner, unique("owner"))
     assert code == 0 and "IMEX-OK" in out and "NVSWITCH-OK" in out, out
+
+
+def test_a_legacy_cuda_images_selector_is_neutralized_not_removed(nvidia_rig: Rig) -> None:
+    """Attack: a CPU pod from a legacy CUDA image (``CUDA_VERSION``, no ``NVIDIA_REQUIRE_CUDA``)
+    with ``NVIDIA_VISIBLE_DEVICES=all``. Removing the variable would not help: unset on such an
+    image, the toolkit selects every GPU. The sanitizer writes ``void``, which selects none."""
+    rig = nvidia_rig
+    env = ("PATH=/bin", "CUDA_VERSION=11.0.3", "NVIDIA_VISIBLE_DEVICES=all")
+    tenant = rig.bundle("legacy", cri(TENANT), OPEN0, env=env)
+    code, out = runc_run(rig, tenant, unique("legacy"))
+    assert code == 0, out
+    assert "OPEN0-OK" not in out and "VISIBLE=void\n" in out, out
+
+
+def test_a_legacy_cuda_image_without_a_selector_gets_none(nvidia_rig: Rig) -> None:
+    """Attack: a CPU pod from a legacy CUDA image that does not set ``NVIDIA_VISIBLE_DEVICES``:
+    unset means every GPU to the toolkit. The shell fast path sends it to the agent
+    (``"CUDA_VERSION=`` marker) and the sanitizer adds ``NVIDIA_VISIBLE_DEVICES=void``."""
+    rig = nvidia_rig
+    tenant = rig.bundle("legacy-unset", cri(TENANT), OPEN0, env=("PATH=/bin", "CUDA_VERSION=11.0.3"))
+    code, out = runc_run(rig, tenant, unique("legacy-unset"))
+    assert code == 0, out
+    assert "OPEN0-OK" not in out and "VISIBLE=void\n" in out, out
 
 
 def test_without_the_agent_a_device_selecting_env_is_refused(nvidia_rig: Rig) -> None:

@@ -141,6 +141,13 @@ CDI_SYNCED: Final = "cdi.k8s.io/spotgpu-synced"
 """Written by spotgpu-runtime into a spot container's spec: the CDI device names of the synced
 devices (for a CDI-aware lower runtime)."""
 
+NRI_TOLERATE_MISSING_PLUGIN: Final = "spotgpu.io/tolerate-missing-nri-plugin"
+"""Pod annotation (``"true"``) that lets containerd's NRI default validator create the pod's
+containers while spotgpu's NRI plugin is not connected (``deploy/containerd/nri-v3.toml``:
+``tolerate_missing_plugins_annotation``). containerd also reads it as ``<key>/pod`` and
+``<key>/container.<name>``. Only the agent DaemonSet and system pods may carry it: admission
+must refuse it (and every annotation starting with it) outside system namespaces."""
+
 RUNTIME_WRITTEN: Final = (SYNCED_DEVICES, GUARDED, GUARD_SKIPPED, CDI_SYNCED)
 """Every annotation spotgpu-runtime writes into specs. What they say must always be ours: the
 runtime removes them from every spec it sees before it decides, and its shell fast path sends

@@ -1,5 +1,6 @@
 """NRI mode of spotgpu-runtime: the modifier chain's decision made at the runtime's
-CreateContainer through an NRI plugin inside the agent, instead of by the wrapper at ``create``.
+CreateContainer through an NRI plugin inside the agent, instead of by the wrapper at ``create``;
+a synced spot container's lend rule asked again at StartContainer.
 
 What it decides, pure: ``adjust`` (the chain's change to a spec as an NRI ContainerAdjustment,
 or a refusal when NRI cannot express it exactly), ``spec`` (an NRI container as the chain's

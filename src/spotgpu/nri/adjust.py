@@ -13,9 +13,14 @@ How containerd applies an adjustment (NRI v0.11, containerd 2.2.7), as modelled 
 
 * annotations: set, or ``-key`` removes;
 * env: the first entry of a named variable is replaced in place (later entries of that name
-  collapse into it), ``-NAME`` removes, new names are appended in adjustment order; entries
-  without ``=`` are dropped once any env is adjusted (compared without regard to order: with
-  unique names, which an adjusted env must have, the environment is a map);
+  collapse into it), new names are appended in adjustment order; entries without ``=`` are
+  dropped once any env is adjusted (compared without regard to order: with unique names, which
+  an adjusted env must have, the environment is a map). A removal (``-NAME``) is **ignored**:
+  measured on containerd 2.2.7, the variable stays in config.json with its value (NRI's result
+  collection records it, containerd's spec generator never deletes it). So a chain output that
+  drops a variable is refused (:class:`NotExpressible`, the create fails) rather than sent as a
+  removal; the sanitizer neutralizes device selectors instead of removing them
+  (:mod:`spotgpu.runtime.sanitize`);
 * mounts: an added mount replaces the first one at its destination and is appended; ``-dest``
   removes the first one; after any mount adjustment every mount is sorted by the depth of its
   destination, then by destination (so parents come before children);
@@ -123,12 +128,12 @@ def _apply_env(env: list[Any], adjust: Iterable[nri.KeyValue]) -> list[str]:
     for name, value in _env_pairs(env):
         if value is None:
             continue
-        if name in mod:
-            change = mod.pop(name)
-            if not change.key.startswith(REMOVE):
-                add(name, change.value)
+        change = mod.get(name)
+        if change is not None and not change.key.startswith(REMOVE):
+            del mod[name]
+            add(name, change.value)
             continue
-        add(name, value)
+        add(name, value)  # unchanged, or a removal: containerd 2.2.7 keeps the variable
     for kv in changes:
         if not kv.key.startswith(REMOVE) and kv.key in mod:
             add(kv.key, kv.value)
@@ -289,12 +294,15 @@ def _env(before: Spec, after: Spec, adjust: nri.ContainerAdjustment) -> None:
             raise NotExpressible(f"the {what} env has an entry without '='; NRI would drop it")
     current = dict(old)
     wanted = dict(new)
+    dropped = sorted(name for name, _ in old if name not in wanted)
+    if dropped:
+        raise NotExpressible(
+            f"the chain removed env {', '.join(dropped)}; containerd 2.2.7 ignores an NRI env removal "
+            "(the variable would stay), so the container is refused"
+        )
     for name, value in new:
         if current.get(name) != value:
             adjust.env.add(key=name, value=value or "")
-    for name, _ in old:
-        if name not in wanted:
-            adjust.env.add(key=REMOVE + name, value="")
 
 
 def _keyed(entries: Iterable[Any], key: str) -> dict[str, Any]:

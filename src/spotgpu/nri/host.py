@@ -23,6 +23,15 @@ Answers, per container:
   ``UNAVAILABLE``; the kubelet retries. Answering late would make containerd drop the plugin
   and create the container without any adjustment.
 
+At StartContainer (:meth:`NriRuntime.start_container`) a container whose devices were synced at
+create (its ``synced-devices`` annotation, and the decision remembered per container ID) is
+checked again with the sync's lend rule (:func:`spotgpu.runtime.sync.require_lent`): the kubelet
+may start it long after the create, and an owner that came back in between (the eviction found
+no task to kill, a created container has none until StartContainer) must not have its GPU run a
+spot process. Any GPU not lent now, an agent that cannot say, a malformed record or no answer in
+time: an error status, so containerd fails StartContainer before it starts the task's process
+(containerd 2.2.7 calls NRI's StartContainer after creating the task, before starting it).
+
 Owners whose seccomp profile NRI cannot carry with the guard's rule (an ``errnoRet`` or
 ``defaultErrnoRet``, e.g. containerd's RuntimeDefault with ``clone3`` -> ENOSYS), or whose
 profile the runtime did not send at all (containerd 2.2.7 sends none for RuntimeDefault and
@@ -39,7 +48,9 @@ import copy
 import json
 import logging
 import re
-from collections.abc import Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -47,18 +58,40 @@ from typing import Any, Final
 
 from spotgpu.adapters.proto import nri_v1alpha1_pb2 as nri
 from spotgpu.core import keys
-from spotgpu.core.errors import ValidationError
+from spotgpu.core.errors import SpotgpuError, ValidationError
+from spotgpu.core.ids import DeviceID
 from spotgpu.nri.adjust import NotExpressible, adjustment_for
 from spotgpu.nri.spec import FACTS, spec_of
 from spotgpu.nri.transport import FAILED_PRECONDITION, PERMISSION_DENIED, UNAVAILABLE, RpcError
 from spotgpu.runtime import protocol
 from spotgpu.runtime.engine import SpecEngine
 from spotgpu.runtime.modifiers import GuardFunctions
+from spotgpu.runtime.sync import require_lent
 
 log = logging.getLogger(__name__)
 
 ANSWER_MARGIN: Final = 0.5
 """Seconds kept in hand before the runtime's request timeout."""
+REMEMBERED: Final = 4096
+"""Synced containers remembered from create to start (the oldest are forgotten first; the
+container's own annotation still names its devices)."""
+
+
+def synced_devices(annotations: Mapping[str, str]) -> tuple[DeviceID, ...]:
+    """The devices the ``synced-devices`` annotation (written by the chain at create) names;
+    ValidationError when it is malformed (the start is refused: fail closed)."""
+    raw = annotations.get(keys.SYNCED_DEVICES)
+    if raw is None:
+        return ()
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict) or not all(
+        isinstance(ids, list) and all(isinstance(i, str) and i for i in ids) for ids in value.values()
+    ):
+        raise ValidationError(f"{keys.SYNCED_DEVICES}: {raw[:200]!r} is not a map of resource to device IDs")
+    return tuple(DeviceID(i) for ids in value.values() for i in ids)
 
 
 class NriGuardConflict(ValidationError):
@@ -131,6 +164,8 @@ class NriRuntime:
         self.synchronized: dict[str, int] = {}
         self.runtime: tuple[str, str] | None = None
         """``(name, version)`` of the runtime that configured us (None: not yet)."""
+        self._synced: OrderedDict[str, tuple[DeviceID, ...]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def configure(self, runtime_name: str, runtime_version: str) -> None:
         self.runtime = (runtime_name, runtime_version)
@@ -153,27 +188,66 @@ class NriRuntime:
         if status == protocol.UNCHANGED:
             return nri.ContainerAdjustment()
         if status == protocol.MODIFIED:
+            after = json.loads(body)
             try:
-                return adjustment_for(spec, json.loads(body))
+                adjust = adjustment_for(spec, after)
             except NotExpressible as exc:
                 who = f"container {pod.namespace}/{pod.name}/{container.name} ({container.id})"
                 log.warning("%s: refused: %s", who, exc)
                 raise RpcError(FAILED_PRECONDITION, f"spotgpu-runtime: {who}: {exc}") from None
+            self._remember(container.id, synced_devices(after.get("annotations") or {}))
+            return adjust
         code = PERMISSION_DENIED if status == protocol.REFUSED else UNAVAILABLE
         raise RpcError(code, "spotgpu-runtime: " + body.decode(errors="replace"))
 
-    def create_container(
-        self, pod: nri.PodSandbox, container: nri.Container, timeout: float
-    ) -> nri.ContainerAdjustment:
+    def _remember(self, container_id: str, devices: tuple[DeviceID, ...]) -> None:
+        if not devices or not container_id:
+            return
+        with self._lock:
+            self._synced[container_id] = devices
+            while len(self._synced) > REMEMBERED:
+                self._synced.popitem(last=False)
+
+    def check_start(self, pod: nri.PodSandbox, container: nri.Container) -> None:
+        """Refuse (RpcError) to start a synced container whose GPUs are not all lent now
+        (module docstring); a container that synced nothing starts."""
+        who = f"container {pod.namespace}/{pod.name}/{container.name} ({container.id})"
+        with self._lock:
+            remembered = self._synced.pop(container.id, ())
+        try:
+            devices = sorted(set(remembered) | set(synced_devices(container.annotations)))
+            lookup = self.engine.lookup
+            for device in devices:
+                require_lent(device, lookup.device_owner(device), lookup.device_lendable)
+        except SpotgpuError as exc:
+            log.warning("%s: start refused: %s", who, exc)
+            raise RpcError(PERMISSION_DENIED, f"spotgpu-runtime: {who}: start refused: {exc}") from None
+        except Exception as exc:  # an agent we cannot ask: fail closed
+            log.warning("%s: start refused, cannot check the lend rule: %r", who, exc)
+            raise RpcError(UNAVAILABLE, f"spotgpu-runtime: {who}: start refused: cannot check: {exc!r}") from None
+
+    def _answer(self, what: str, pod: nri.PodSandbox, container: nri.Container, timeout: float, call: Any) -> Any:
         deadline = max(0.2, timeout - ANSWER_MARGIN)
-        future = self._pool.submit(self.decide, pod, container)
+        future = self._pool.submit(call, pod, container)
         try:
             return future.result(deadline)
         except FutureTimeout:
             who = f"{pod.namespace}/{pod.name}/{container.name}"
-            log.warning("container %s: no decision within %.1fs; asking the kubelet to retry", who, deadline)
-            message = f"spotgpu-runtime: container {who}: no decision within {deadline:.1f}s (temporary; retried)"
+            log.warning("container %s: no %s decision within %.1fs; refused (retried)", who, what, deadline)
+            message = f"spotgpu-runtime: container {who}: no {what} decision within {deadline:.1f}s (temporary)"
             raise RpcError(UNAVAILABLE, message) from None
+
+    def create_container(
+        self, pod: nri.PodSandbox, container: nri.Container, timeout: float
+    ) -> nri.ContainerAdjustment:
+        adjust: nri.ContainerAdjustment = self._answer("create", pod, container, timeout, self.decide)
+        return adjust
+
+    def start_container(self, pod: nri.PodSandbox, container: nri.Container, timeout: float) -> None:
+        with self._lock:
+            remembered = container.id in self._synced
+        if remembered or keys.SYNCED_DEVICES in container.annotations:  # else nothing to check: no wait
+            self._answer("start", pod, container, timeout, self.check_start)
 
     def synchronize(self, pods: Sequence[nri.PodSandbox], containers: Sequence[nri.Container]) -> None:
         listener = str(self.engine.config.guard_listener_path)
@@ -195,10 +269,12 @@ class NriRuntime:
 
 __all__ = [
     "ANSWER_MARGIN",
+    "REMEMBERED",
     "NriGuardConflict",
     "NriGuardFunctions",
     "NriRuntime",
     "nri_expressible",
     "nri_guard_functions",
     "seccomp_adjustable",
+    "synced_devices",
 ]

@@ -6,14 +6,16 @@ background thread that keeps a session up.
 
 Life of a session (shared/reference/cri-nri.md, "Registration"): connect; ``RegisterPlugin``
 (name, two-digit index) on the runtime connection, first thing; the runtime then calls
-``Configure`` (we subscribe to CreateContainer only) and ``Synchronize`` with the pods and
-containers it knows, possibly in parts (``more``: each part is answered with ``more = true``
-and no updates, the handler sees them all at once); then ``CreateContainer`` per container.
+``Configure`` (we subscribe to CreateContainer and StartContainer) and ``Synchronize`` with the
+pods and containers it knows, possibly in parts (``more``: each part is answered with ``more =
+true`` and no updates, the handler sees them all at once); then ``CreateContainer`` per
+container, and ``StateChange`` (event START_CONTAINER) before the runtime starts its process: an
+error answer fails the start.
 When the connection breaks (containerd restarting, ``Shutdown``, a framing error) the loop
 connects again with a capped backoff and registers anew, so a containerd restart needs no
 agent restart. While no session is up, containerd creates containers without our adjustments
-(NRI fails open); docs/runtime.md ("NRI mode") says what that means for owners and spot
-containers.
+(NRI fails open) unless its NRI default validator requires this plugin
+(``deploy/containerd/nri-v3.toml``); docs/runtime.md ("NRI mode") says what each means.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from spotgpu.nri.transport import UNIMPLEMENTED, RpcError, Session, SessionClose
 
 log = logging.getLogger(__name__)
 
-SUBSCRIBED: Final = wire.event_mask(nri.CREATE_CONTAINER)
+SUBSCRIBED: Final = wire.event_mask(nri.CREATE_CONTAINER, nri.START_CONTAINER)
 _INDEX: Final = re.compile(r"[0-9]{2}")
 
 
@@ -46,6 +48,10 @@ class ContainerHandler(Protocol):
     ) -> nri.ContainerAdjustment:
         """The adjustment for a container about to be created; raise RpcError to refuse it.
         ``timeout``: seconds until the runtime gives up on us (and creates it unadjusted)."""
+        ...
+
+    def start_container(self, pod: nri.PodSandbox, container: nri.Container, timeout: float) -> None:
+        """Before the runtime starts a created container's process; raise RpcError to fail the start."""
         ...
 
     def synchronize(self, pods: Sequence[nri.PodSandbox], containers: Sequence[nri.Container]) -> None:
@@ -193,7 +199,13 @@ class NriPlugin:
             if session is not None:
                 threading.Timer(0.1, session.close).start()
             return encode(nri.Empty())
-        if method in ("StateChange", "StopContainer", "UpdateContainer", "UpdatePodSandbox"):
+        if method == "StateChange":
+            event = nri.StateChangeEvent.FromString(payload)
+            if event.event == nri.START_CONTAINER:
+                timeout = self.runtime.request_timeout if self.runtime else 2.0
+                self.handler.start_container(event.pod, event.container, timeout)
+            return encode(nri.Empty())
+        if method in ("StopContainer", "UpdateContainer", "UpdatePodSandbox"):
             return b""  # empty responses: we subscribed to none of these
         raise RpcError(UNIMPLEMENTED, f"spotgpu NRI plugin does not implement {method}")
 

@@ -143,11 +143,16 @@ class RuntimeConfig:
     @property
     def env_markers(self) -> tuple[str, ...]:
         """What marks a spec entry setting a denied env (``"NVIDIA_VISIBLE_DEVICES=``), when the
-        lower runtime turns such env into devices; else none (runc ignores it)."""
+        lower runtime turns such env into devices; else none (runc ignores it). With
+        ``NVIDIA_VISIBLE_DEVICES`` denied, ``"CUDA_VERSION=`` too: on a legacy CUDA image the
+        variable's absence selects every GPU (:func:`spotgpu.runtime.sanitize.selects_all_when_unset`)."""
         selects = self.env_selects_devices
         if selects is None:
             selects = Path(self.lower_runtime).name.startswith("nvidia")
-        return tuple(f'"{name}=' for name in self.denied_env) if selects else ()
+        if not selects:
+            return ()
+        legacy = ('"CUDA_VERSION=',) if "NVIDIA_VISIBLE_DEVICES" in self.denied_env else ()
+        return (*(f'"{name}=' for name in self.denied_env), *legacy)
 
     def with_agent(self, agent: AgentConfig) -> RuntimeConfig:
         """This configuration with the node paths and resources the agent uses."""

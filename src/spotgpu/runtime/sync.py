@@ -249,17 +249,23 @@ def authorize(
                 f"{d.device!r} comes from {d.source}, but the agent records "
                 f"{owner if owner is not None else 'no owner'} as its owner",
             )
-        lent = lendable(d.device) if lendable is not None else None
-        if lent is not True:  # fails closed: "cannot say" (None) refuses like "no" (False)
-            raise SyncRefused(
-                RefusalReason.NOT_LENT,
-                f"{d.device!r} is not lent out now: its owner {owner if owner is not None else 'unknown'} "
-                "is using it or it is being taken back"
-                if lent is False
-                else f"{d.device!r}: the agent cannot say whether it is lent out now (a device it does not "
-                "serve, or no agent to ask); refused",
-            )
+        require_lent(d.device, owner, lendable)
     return SyncPlan(tuple(devices))
+
+
+def require_lent(device: DeviceID, owner: Owner | None, lendable: Callable[[DeviceID], bool | None] | None) -> None:
+    """The lend rule (7): ``device`` is lendable now, else :class:`SyncRefused` (``NOT_LENT``).
+    Asked at every sync, and again by NRI mode at StartContainer (:mod:`spotgpu.nri.host`)."""
+    lent = lendable(device) if lendable is not None else None
+    if lent is not True:  # fails closed: "cannot say" (None) refuses like "no" (False)
+        raise SyncRefused(
+            RefusalReason.NOT_LENT,
+            f"{device!r} is not lent out now: its owner {owner if owner is not None else 'unknown'} "
+            "is using it or it is being taken back"
+            if lent is False
+            else f"{device!r}: the agent cannot say whether it is lent out now (a device it does not "
+            "serve, or no agent to ask); refused",
+        )
 
 
 def plan_sync(
@@ -298,6 +304,7 @@ __all__ = [
     "granted_reals",
     "granted_twins",
     "pick",
+    "require_lent",
     "plan_sync",
     "resolve",
 ]

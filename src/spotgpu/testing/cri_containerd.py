@@ -15,7 +15,8 @@ The configuration is three layers, merged key by key (later wins):
 3. host facts: for every runtime handler, a private runc ``Root``, ``SystemdCgroup = false``
    (no systemd here), on 2.x ``runtime_path`` (2.x would find Debian's 1.6 shim on PATH
    first), and ``BinaryName`` where the snippet names spotgpu-runtime's install path (the
-   path of the shim this test installed). :func:`overrides` lists them; nothing else of a
+   path of the shim this test installed); the NRI default validator turned off only where a
+   test asks (``CriSettings.nri_validator``). :func:`overrides` lists them; nothing else of a
    snippet is changed, so a wrong snippet fails the tests that use it.
 """
 
@@ -170,6 +171,9 @@ class CriSettings:
     nri: bool = False
     """2.x: leave NRI on with a private socket (``<base>/nri.sock``); off otherwise."""
     nri_request_timeout: str = "2s"
+    nri_validator: bool = True
+    """False: turn the shipped snippet's NRI default validator off (a test of the fail-open
+    behaviour a node without it has); True: keep the snippet's table as it is."""
     cdi_dirs: tuple[str, ...] = ()
 
 
@@ -246,6 +250,9 @@ def overrides(config: dict[str, Any], base: Path, binaries: Binaries, settings: 
     if isinstance(nri, dict) and binaries.version != "1.6":
         nri["socket_path"] = str(base / "nri.sock")
         changed.append("nri.socket_path")
+        if not settings.nri_validator and "default_validator" in nri:
+            nri["default_validator"]["enable"] = False
+            changed.append("nri.default_validator.enable")
     return changed
 
 

@@ -10,8 +10,10 @@ spotgpu-runtime's service as the agent hosts it:
 
 * ``wrapper`` mode: the installed shell fast path is the ``spotgpu`` handler's BinaryName
   (``deploy/containerd/spotgpu-runtime*.toml``); pods name that handler (a RuntimeClass);
-* ``nri`` mode (containerd 2.x): no handler, no containerd change but the NRI socket's path;
-  the NRI plugin (:class:`~spotgpu.nri.service.NriRuntimeService`) adjusts every container.
+* ``nri`` mode (containerd 2.x): no handler; the shipped ``nri-v3.toml`` (NRI's default validator
+  requires the ``spotgpu`` plugin: no container is created while it is not connected, unless
+  ``nri_validator=False``); the NRI plugin (:class:`~spotgpu.nri.service.NriRuntimeService`)
+  adjusts every container and re-checks synced ones at StartContainer.
 
 The GPUs are character devices with ``/dev/null``'s numbers (1, 3); the vendor plugin exposes
 them as ``/dev/nvidia<N>`` with ``NVIDIA_VISIBLE_DEVICES`` and a read-only driver mount.
@@ -73,6 +75,7 @@ class CriRig:
         cdi_dirs: Sequence[str] = (),
         vendor_cdi_only: bool = False,
         host_plugin: bool = True,
+        nri_validator: bool = True,
     ) -> None:
         self.base = base
         self.mode = mode
@@ -113,7 +116,12 @@ class CriRig:
         self.containerd = CriContainerd(
             base / "containerd",
             binaries,
-            CriSettings(snippets=snippets(binaries.version, mode), cdi_dirs=tuple(cdi_dirs), nri=mode == "nri"),
+            CriSettings(
+                snippets=snippets(binaries.version, mode),
+                cdi_dirs=tuple(cdi_dirs),
+                nri=mode == "nri",
+                nri_validator=nri_validator,
+            ),
             images,
         )
         self.cri: KubeletCri | None = None
