@@ -11,7 +11,7 @@ from pathlib import Path
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.agent.ports import ContainerInfo, PodEvent, PodEventType, PodInfo
-from spotgpu.agent.service import Agent, RuntimeServiceFactory
+from spotgpu.agent.service import Agent, RuntimeServiceFactory, TwinHostFactory
 from spotgpu.core import keys
 from spotgpu.core.clock import ManualClock
 from spotgpu.core.config import AgentConfig, EvictionConfig, LendingConfig, LendPolicyKind, Seconds
@@ -150,6 +150,7 @@ def make_rig(
     lending: LendingConfig | None = None,
     eviction: EvictionConfig | None = None,
     tasks: FakeTasks | None = None,
+    twin_host: TwinHostFactory | None = None,
 ) -> Rig:
     devices = fake_devices(gpus)
     clock = ManualClock(start=1000.0)
@@ -188,6 +189,7 @@ def make_rig(
         store=store,
         runtime_service=runtime_service,
         owner_record=owner_record,
+        twin_host=twin_host,
     )
     rig = Rig(agent, clock, kube, guard, tasks, podres, backend, devices, attributor, allocations)
     if start:

@@ -67,6 +67,9 @@ class DraDriver:
         self._checkpoint = checkpoint
         self._lock_file = lock_file
         self._lock = threading.Lock()
+        """Serializes Prepare, Unprepare and revoke."""
+        self._state = threading.Lock()
+        """Guards ``_prepared`` for readers outside the serialization (:meth:`prepared`)."""
         self._prepared = checkpoint.load()
 
     @contextlib.contextmanager
@@ -84,8 +87,19 @@ class DraDriver:
                 os.close(fd)
 
     def prepared(self) -> dict[ClaimUID, PreparedClaim]:
-        with self._lock:
+        """The prepared claims now (never waits for a Prepare: the node view asks it during one)."""
+        with self._state:
             return dict(self._prepared)
+
+    def _record(self, uid: ClaimUID, claim: PreparedClaim | None) -> None:
+        """Change one entry and save the checkpoint (caller serialized)."""
+        with self._state:
+            if claim is None:
+                self._prepared.pop(uid, None)
+            else:
+                self._prepared[uid] = claim
+            snapshot = dict(self._prepared)
+        self._checkpoint.save(snapshot)
 
     def prepare(self, keys: Sequence[ClaimKey]) -> dict[ClaimUID, ClaimAnswer]:
         answers: dict[ClaimUID, ClaimAnswer] = {}
@@ -130,8 +144,7 @@ class DraDriver:
             self._cdi.write(spec_file, claim_spec(view.driver, uid, own))
         prepared = PreparedClaim(grant.key, tuple(devices), spec_file)
         if self._prepared.get(uid) != prepared:
-            self._prepared[uid] = prepared
-            self._checkpoint.save(self._prepared)
+            self._record(uid, prepared)
         return ClaimAnswer(prepared.devices)
 
     def _withdraw(self, uid: ClaimUID) -> None:
@@ -139,8 +152,7 @@ class DraDriver:
         old = self._prepared.get(uid)
         if old is not None and old.spec_file is not None:
             self._cdi.remove(old.spec_file)
-            self._prepared[uid] = replace(old, spec_file=None)
-            self._checkpoint.save(self._prepared)
+            self._record(uid, replace(old, spec_file=None))
 
     def unprepare(self, keys: Sequence[ClaimKey]) -> dict[ClaimUID, ClaimAnswer]:
         answers: dict[ClaimUID, ClaimAnswer] = {}
@@ -151,8 +163,7 @@ class DraDriver:
                     if old is not None and old.spec_file is not None:
                         self._cdi.remove(old.spec_file)
                     if old is not None:
-                        del self._prepared[key.uid]
-                        self._checkpoint.save(self._prepared)
+                        self._record(key.uid, None)
                     answers[key.uid] = ClaimAnswer()
                 except OSError as exc:
                     answers[key.uid] = ClaimAnswer(error=f"unprepare failed: {exc}")
