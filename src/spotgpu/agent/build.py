@@ -26,7 +26,7 @@ from spotgpu.core.ids import DeviceID, NodeName
 from spotgpu.core.refs import ContainerRef
 from spotgpu.dra.ports import DraApi
 from spotgpu.nri.config import NriConfig
-from spotgpu.ports.node import GpuBackend, UtilizationReader
+from spotgpu.ports.node import GpuBackend, PodResourcesPort, UtilizationReader
 from spotgpu.runtime.config import RuntimeConfig
 from spotgpu.runtime.service import RuntimeService
 from spotgpu.util.cpuboost import CpuBoost
@@ -108,6 +108,23 @@ def dra_host_factory(config: AgentConfig, runtime: RuntimeConfig | None, api: Dr
     return make
 
 
+def _pod_resources(config: AgentConfig, node: NodeName) -> PodResourcesPort:
+    """pod-resources; in DRA mode with the claims of our driver read as the twins they stand for."""
+    if config.mode is not AgentMode.DRA:
+        return PodResourcesView(config.pod_resources_socket)
+    from spotgpu.dra.claim import DriverName
+    from spotgpu.dra.podresources import DraPodResources
+
+    return DraPodResources(
+        config.pod_resources_socket,
+        driver=DriverName(config.dra.driver_name),
+        node=node,
+        gpu_resource=config.gpu_resource,
+        spot_resource=config.spot_resource,
+        shared_replicas=config.shared_replicas,
+    )
+
+
 def build_agent(
     config: AgentConfig,
     *,
@@ -151,7 +168,7 @@ def build_agent(
             hold_mount_ns=config.eviction.hold_mount_ns,
             state_dir=config.containerd_state_dir or config.containerd_socket.parent,
         ),
-        pod_resources=PodResourcesView(config.pod_resources_socket),
+        pod_resources=_pod_resources(config, node),
         guard_factory=guard_factory,
         utilization=make_utilization(config, metrics),
         clock=clock,

@@ -2,26 +2,22 @@
 
 Side effects: ResourceSlice list/create/update/delete through :class:`~spotgpu.dra.ports.DraApi`.
 :meth:`SlicePublisher.sync` reads what is stored, plans (keeping stored taints' ``timeAdded``)
-and writes; it is called on every change of the twins and periodically
-(:meth:`SlicePublisher.run`), which also brings the slices back after the kubelet deleted them
-(it does at its start, and 30 s after the driver's last connection ended). A 409 Conflict or any
-temporary failure is left to the next sync.
+and writes. :class:`~spotgpu.dra.host.DraHost` calls it on every change of the twins and
+periodically, which also brings the slices back after the kubelet deleted them (it does at its
+start, and 30 s after the driver's last connection ended). A 409 Conflict or any temporary
+failure is left to the next sync.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from spotgpu.core.errors import SpotgpuError
 from spotgpu.core.ids import NodeName
 from spotgpu.dra.claim import DriverName
 from spotgpu.dra.ports import DraApi
 from spotgpu.dra.slices import NodeOwner, Publication, SlicePlan, desired_slices, plan_pool, taint_times
-
-log = logging.getLogger(__name__)
 
 
 def rfc3339(now: float) -> str:
@@ -44,7 +40,6 @@ class SlicePublisher:
         self._clock = clock
         self._owner: NodeOwner | None = None
         self._lock = threading.Lock()
-        self._wake = threading.Event()
 
     def sync(self) -> SlicePlan:
         """One pass: make the stored slices what the twins are now; the plan carried out."""
@@ -61,19 +56,6 @@ class SlicePublisher:
             for obj in plan.creates:
                 self._api.create_slice(obj)
             return plan
-
-    def changed(self) -> None:
-        """The twins changed: the running loop syncs at once."""
-        self._wake.set()
-
-    def run(self, stop: threading.Event, interval: float = 5.0) -> None:
-        while not stop.is_set():
-            self._wake.clear()
-            try:
-                self.sync()
-            except SpotgpuError as exc:
-                log.warning("publishing ResourceSlices of %s failed (next try in %.0fs): %s", self._node, interval, exc)
-            self._wake.wait(interval)
 
 
 __all__ = ["SlicePublisher", "rfc3339"]
