@@ -1,5 +1,5 @@
 """The kubelet plugin over real gRPC and unix sockets, driven by the kubelet DRA double, with
-claims in the API double; the attacks of docs/security.md's DRA rows."""
+claims in the API double; the attacks of docs/dra.md's attack table."""
 
 from __future__ import annotations
 
