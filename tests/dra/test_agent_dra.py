@@ -62,6 +62,7 @@ class Node:
             lendable=agent.lendable,
             allocate=allocate,
             devices=agent.solver.devices,
+            forecasts=agent.solver.idle_forecasts,
         )
         return self.host
 
@@ -100,6 +101,9 @@ def test_lend_prepare_return_unprepare(node: tuple[Node, Rig]) -> None:
     assert rig.agent.solver.state().lend_states[OWNER] is LendState.LENT
     n.host.step()
     assert n.taints()[d0] == set()
+    [stored] = n.api.objects("resource.k8s.io", "resourceslices")
+    lent = next(d for d in stored["spec"]["devices"] if d["name"] == d0)
+    assert lent["attributes"]["idleForecastSeconds"]["int"] >= 0, "the lent GPU carries its owner's idle forecast"
 
     key = n.api.put(claim([d0], pool=NODE, driver=DRIVER))["metadata"]
     answer = n.kubelet.prepare(DRIVER, [(key["namespace"], key["name"], key["uid"])])[key["uid"]]
@@ -107,6 +111,7 @@ def test_lend_prepare_return_unprepare(node: tuple[Node, Rig]) -> None:
     assert list((n.base / "cdi").glob("*.json"))
 
     rig.guard.owner_back(OWNER)  # the owner returns
+    assert not list((n.base / "cdi").glob("*.json")), "the spec is unlinked when the twins turn Unhealthy"
     n.host.step()
     assert n.taints()[d0] == {(NOT_LENDABLE_TAINT, "NoSchedule"), (OWNER_RETURNED_TAINT, "NoExecute")}
     assert n.taints()[d1] == {(NOT_LENDABLE_TAINT, "NoSchedule")}

@@ -103,6 +103,7 @@ def dra_host_factory(config: AgentConfig, runtime: RuntimeConfig | None, api: Dr
             lendable=agent.lendable,
             allocate=lookup.allocate,
             devices=agent.solver.devices,
+            forecasts=agent.solver.idle_forecasts,
         )
 
     return make

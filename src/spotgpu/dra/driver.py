@@ -169,6 +169,14 @@ class DraDriver:
                     answers[key.uid] = ClaimAnswer(error=f"unprepare failed: {exc}")
         return answers
 
+    def drop_specs(self, reals: Collection[DeviceID]) -> None:
+        """Unlink the CDI specs of the claims holding one of ``reals`` now, without waiting for a
+        Prepare in progress (the return path calls this under the agent's lock; :meth:`revoke`
+        then records it)."""
+        for c in self.prepared().values():
+            if c.spec_file is not None and any(d.real in reals for d in c.devices):
+                self._cdi.remove(c.spec_file)
+
     def revoke(self, reals: Collection[DeviceID]) -> list[ClaimKey]:
         """Remove the CDI specs of every prepared claim holding one of ``reals``; their keys."""
         with self._serial():

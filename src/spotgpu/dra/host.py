@@ -6,7 +6,9 @@ files and the checkpoint (:class:`~spotgpu.dra.driver.DraDriver`), ResourceSlice
 
 The agent hands every twin list it publishes to :meth:`DraHost.twins_changed` (under the
 solver's lock, so it only records and wakes the worker; the worker may call back into the agent
-through ``owner_of``/``lendable``). Each twin's state for the slices:
+through ``owner_of``/``lendable``); a twin turning not lendable has the CDI specs of the claims
+on its GPU unlinked right there, before the agent goes on to kill the spot tasks. Each twin's
+state for the slices:
 
 * Healthy (lendable now): no taint;
 * not lendable, and a prepared claim still holds its GPU: the owner came back and the eviction is
@@ -24,11 +26,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from spotgpu.core.config import DraConfig
 from spotgpu.core.errors import SpotgpuError
 from spotgpu.core.ids import DeviceID, NodeName, ResourceName, real_of_twin, shared_resource_of
+from spotgpu.core.lending import IdleForecast
 from spotgpu.core.mapping_cache import Owner
 from spotgpu.core.types import Health
 from spotgpu.dra.cdi import CdiDir
@@ -61,6 +64,7 @@ class DraHost:
         lendable: Callable[[DeviceID], bool | None],
         allocate: AllocateFn,
         devices: Callable[[], Sequence[GpuDevice]],
+        forecasts: Callable[[], Mapping[DeviceID, IdleForecast]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
@@ -71,6 +75,7 @@ class DraHost:
         self._owner_of = owner_of
         self._lendable = lendable
         self._devices = devices
+        self._forecasts = forecasts
         self._policy = SyncPolicy(spot_resource, frozenset({gpu_resource}), frozenset({ANY_NAMESPACE}))
         data_dir = config.plugins_dir / config.driver_name
         cdi = CdiDir(config.cdi_dir, vendor_dirs=config.vendor_cdi_dirs, vendor_kind=config.vendor_cdi_kind or None)
@@ -105,6 +110,10 @@ class DraHost:
         with self._lock:
             self._twins[resource] = {t: h for t, h, _ in twins}
             self._numa.update({t: n for t, _, n in twins})
+        held = {d.real for c in self.driver.prepared().values() for d in c.devices}
+        taken = {r for t, h, _ in twins if h is not Health.HEALTHY and (r := real_of_twin(t, held)) is not None}
+        if taken:
+            self.driver.drop_specs(taken)  # at once: containerd resolves specs at CreateContainer
         self._wake.set()
 
     def start(self) -> DraHost:
@@ -125,6 +134,7 @@ class DraHost:
         known = {d.id for d in self._devices()}
         held = {d.real for c in self.driver.prepared().values() for d in c.devices}
         out: list[TwinDevice] = []
+        forecasts = self._forecasts() if self._forecasts is not None else {}
         with self._lock:
             lists = sorted(self._twins.items())
             numa = dict(self._numa)
@@ -138,7 +148,17 @@ class DraHost:
                     state = TwinState.LENDABLE
                 else:
                     state = TwinState.RETURNING if real in held else TwinState.NOT_LENDABLE
-                out.append(TwinDevice(twin, real, state, shared=shared, numa_node=numa.get(twin)))
+                forecast = forecasts.get(real) if state is TwinState.LENDABLE else None
+                out.append(
+                    TwinDevice(
+                        twin,
+                        real,
+                        state,
+                        shared=shared,
+                        numa_node=numa.get(twin),
+                        idle_forecast_s=forecast.expected if forecast is not None else None,
+                    )
+                )
         return out
 
     def publication(self) -> Publication:
