@@ -11,7 +11,7 @@ from pathlib import Path
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.agent.ports import ContainerInfo, PodEvent, PodEventType, PodInfo
-from spotgpu.agent.service import Agent, RuntimeServiceFactory
+from spotgpu.agent.service import Agent, RuntimeServiceFactory, TwinHostFactory
 from spotgpu.core import keys
 from spotgpu.core.clock import ManualClock
 from spotgpu.core.config import AgentConfig, EvictionConfig, LendingConfig, LendPolicyKind, Seconds
@@ -152,6 +152,7 @@ def make_rig(
     tasks: FakeTasks | None = None,
     release_check: ReleaseCheck | None = None,
     debug_address: str = "127.0.0.1:0",
+    twin_host: TwinHostFactory | None = None,
 ) -> Rig:
     devices = fake_devices(gpus)
     clock = ManualClock(start=1000.0)
@@ -192,6 +193,7 @@ def make_rig(
         runtime_service=runtime_service,
         owner_record=owner_record,
         release_check=release_check,
+        twin_host=twin_host,
     )
     rig = Rig(agent, clock, kube, guard, tasks, podres, backend, devices, attributor, allocations)
     if start:

@@ -19,13 +19,15 @@ from spotgpu.adapters.devnode_gpu import DeviceNode, DeviceNodeBackend
 from spotgpu.adapters.holderscan import DeviceFile, HolderScanner, ReleaseChecker, device_file, hierarchy
 from spotgpu.adapters.kubelet import PodResourcesView
 from spotgpu.agent.ports import GuardPort, KubePort
-from spotgpu.agent.service import Agent, RuntimeHost, RuntimeServiceFactory
+from spotgpu.agent.service import Agent, RuntimeHost, RuntimeServiceFactory, TwinHostFactory
 from spotgpu.core.clock import Clock
-from spotgpu.core.config import AgentConfig, GpuBackendKind, UtilizationSource
+from spotgpu.core.config import AgentConfig, AgentMode, GpuBackendKind, UtilizationSource
+from spotgpu.core.errors import PermanentError
 from spotgpu.core.ids import DeviceID, NodeName
 from spotgpu.core.refs import ContainerRef
+from spotgpu.dra.ports import DraApi
 from spotgpu.nri.config import NriConfig
-from spotgpu.ports.node import GpuBackend, ReleaseCheck, UtilizationReader
+from spotgpu.ports.node import GpuBackend, PodResourcesPort, ReleaseCheck, UtilizationReader
 from spotgpu.runtime.config import RuntimeConfig
 from spotgpu.runtime.service import RuntimeService
 from spotgpu.util.cpuboost import CpuBoost
@@ -106,6 +108,54 @@ def runtime_service_factory(
     return make
 
 
+def dra_host_factory(config: AgentConfig, runtime: RuntimeConfig | None, api: DraApi) -> TwinHostFactory:
+    """``agent.mode: dra``: the DRA driver around the agent's lookups, the vendor device plugin's
+    ``Allocate`` reached as spotgpu-runtime reaches it (our own plugin sockets left out)."""
+    from spotgpu.dra.host import DraHost
+    from spotgpu.runtime.node import KubeletNodeLookup
+
+    rt = (runtime or RuntimeConfig()).with_agent(config)
+
+    def make(agent: Agent) -> DraHost:
+        lookup = KubeletNodeLookup.from_config(
+            rt,
+            agent.owner_of,
+            exclude_sockets=(config.plugin_socket_name, config.shared_plugin_socket_name),
+            lendable=agent.lendable,
+        )
+        return DraHost(
+            config.dra,
+            node=agent.node,
+            gpu_resource=config.gpu_resource,
+            spot_resource=config.spot_resource,
+            api=api,
+            owner_of=agent.owner_of,
+            lendable=agent.lendable,
+            allocate=lookup.allocate,
+            devices=agent.solver.devices,
+            forecasts=agent.solver.idle_forecasts,
+        )
+
+    return make
+
+
+def _pod_resources(config: AgentConfig, node: NodeName) -> PodResourcesPort:
+    """pod-resources; in DRA mode with the claims of our driver read as the twins they stand for."""
+    if config.mode is not AgentMode.DRA:
+        return PodResourcesView(config.pod_resources_socket)
+    from spotgpu.dra.claim import DriverName
+    from spotgpu.dra.podresources import DraPodResources
+
+    return DraPodResources(
+        config.pod_resources_socket,
+        driver=DriverName(config.dra.driver_name),
+        node=node,
+        gpu_resource=config.gpu_resource,
+        spot_resource=config.spot_resource,
+        shared_replicas=config.shared_replicas,
+    )
+
+
 def build_agent(
     config: AgentConfig,
     *,
@@ -118,14 +168,22 @@ def build_agent(
     metrics: AgentMetrics | None = None,
     nri: NriConfig | None = None,
     cpu_boost: CpuBoost | None = None,
+    dra_api: DraApi | None = None,
 ) -> Agent:
     """An agent with the real node adapters the configuration names, hosting spotgpu-runtime's
     service configured by ``runtime`` (None: no service, e.g. a node without the runtime), in NRI
     mode when ``nri.enabled``.
 
     Pass ``metrics`` when something else must share its registry (the guard's metrics), and
-    ``cpu_boost`` when something else raises CPU weights too (the guard, at its releases)."""
+    ``cpu_boost`` when something else raises CPU weights too (the guard, at its releases).
+    In ``agent.mode: dra`` no device plugin is served and ``dra_api`` (the Kubernetes API for
+    claims and slices) is required."""
     metrics = metrics or AgentMetrics()
+    twin_host: TwinHostFactory | None = None
+    if config.mode is AgentMode.DRA:
+        if dra_api is None:
+            raise PermanentError("agent.mode is dra but no Kubernetes API for DRA was given")
+        twin_host = dra_host_factory(config, runtime, dra_api)
     backend = backend or make_backend(config)
     return Agent(
         config,
@@ -142,7 +200,7 @@ def build_agent(
             hold_mount_ns=config.eviction.hold_mount_ns,
             state_dir=config.containerd_state_dir or config.containerd_socket.parent,
         ),
-        pod_resources=PodResourcesView(config.pod_resources_socket),
+        pod_resources=_pod_resources(config, node),
         guard_factory=guard_factory,
         utilization=make_utilization(config, metrics),
         clock=clock,
@@ -152,8 +210,17 @@ def build_agent(
         if runtime is not None and runtime.fallback == "local"
         else None,
         store=LendStateFile(config.state_file) if config.state_file is not None else None,
+        serve_device_plugin=config.mode is AgentMode.DEVICE_PLUGIN,
+        twin_host=twin_host,
         release_check=make_release_check(config, backend),
     )
 
 
-__all__ = ["build_agent", "make_backend", "make_release_check", "make_utilization", "runtime_service_factory"]
+__all__ = [
+    "build_agent",
+    "dra_host_factory",
+    "make_backend",
+    "make_release_check",
+    "make_utilization",
+    "runtime_service_factory",
+]

@@ -123,6 +123,23 @@ RuntimeServiceFactory = Callable[["Agent"], RuntimeHost]
 :meth:`Agent.lendable`)."""
 
 
+class TwinHost(Protocol):
+    """What receives every twin list the agent publishes besides its device plugins: in
+    ``agent.mode: dra`` the DRA driver (:class:`spotgpu.dra.host.DraHost`)."""
+
+    def twins_changed(self, resource: ResourceName, twins: Sequence[tuple[DeviceID, Health, int | None]]) -> None:
+        """Called under the solver's lock: record and return."""
+        ...
+
+    def start(self) -> object: ...
+
+    def stop(self) -> None: ...
+
+
+TwinHostFactory = Callable[["Agent"], TwinHost]
+"""Builds the twin host around the agent's lookups (:meth:`Agent.owner_of`, :meth:`Agent.lendable`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class CycleReport:
     """What one detection cycle did (for tests and the benchmark)."""
@@ -156,8 +173,10 @@ class Agent:
         owner_record: Path | None = None,
         store: LendStore | None = None,
         release_check: ReleaseCheck | None = None,
+        twin_host: TwinHostFactory | None = None,
     ) -> None:
         self.config = config
+        self.twin_host: TwinHost | None = None
         self.node = node
         self.kube = kube
         self.backend = backend
@@ -196,6 +215,7 @@ class Agent:
         """Between returns: GPUs lent now or lately held by nobody without right (None: off)."""
         self.plugins: dict[ResourceName, DevicePluginServer] = self._device_plugins() if serve_device_plugin else {}
         """One device plugin per served resource (:attr:`Solver.resources`)."""
+        self.twin_host = twin_host(self) if twin_host is not None else None
         self._refs = ReferencePoints(tasks, self.attributor, REF_RETRY_INTERVAL)
         self._measurer = Measurer(backend, self.utilization, self._refs, metrics=self.metrics, clock=self.clock)
         self._owner_record = OwnerRecord(owner_record, self.metrics)
@@ -264,6 +284,8 @@ class Agent:
         plugin = self.plugins.get(resource)
         if plugin is not None:
             plugin.set_devices([TwinDevice(t, h, n) for t, h, n in twins])
+        if self.twin_host is not None:
+            self.twin_host.twins_changed(resource, twins)
 
     def _allocate(self, resource: ResourceName, twins: Sequence[str]) -> dict[str, str]:
         return self.solver.allocator.allocate(resource, twins)
@@ -338,6 +360,8 @@ class Agent:
             self.metrics.watch_runtime(self.runtime_service.counts)
         for plugin in self.plugins.values():
             plugin.start()
+        if self.twin_host is not None:
+            self.twin_host.start()
         if serve_metrics:
             self.metrics_port = self.metrics.serve(self.config.metrics_address)
             if self.config.debug_address:
@@ -377,6 +401,8 @@ class Agent:
         self._threads.clear()
         for plugin in self.plugins.values():
             plugin.stop()
+        if self.twin_host is not None:
+            self.twin_host.stop()
         if self.runtime_service is not None:
             self.runtime_service.stop()
             self.runtime_service = None
@@ -518,4 +544,4 @@ class Agent:
         )
 
 
-__all__ = ["Agent", "CycleReport", "RuntimeHost", "RuntimeServiceFactory"]
+__all__ = ["Agent", "CycleReport", "RuntimeHost", "RuntimeServiceFactory", "TwinHost", "TwinHostFactory"]

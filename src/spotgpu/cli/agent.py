@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from spotgpu.agent.ports import GuardPort
 from spotgpu.cli import stop_on_signals
-from spotgpu.core.config import AgentConfig, ConfigError, load_yaml_file
+from spotgpu.core.config import AgentConfig, AgentMode, ConfigError, load_yaml_file
 from spotgpu.core.errors import SpotgpuError
 from spotgpu.core.ids import NodeName
 from spotgpu.core.refs import ContainerRef
@@ -72,7 +72,11 @@ def guard_factory(
 
 
 def served(config: AgentConfig) -> str:
-    """The device plugin resources the configuration serves, in words."""
+    """The device plugin resources (or the DRA driver) the configuration serves, in words."""
+    if config.mode is AgentMode.DRA:
+        return (
+            f"DRA driver {config.dra.driver_name} (ResourceSlices, kubelet plugin, CDI specs in {config.dra.cdi_dir})"
+        )
     if config.twin_replicas > 1:
         return f"{config.spot_resource} ({config.twin_replicas} shared replicas per GPU, legacy twinReplicas)"
     text = f"{config.spot_resource} (exclusive twins)"
@@ -108,7 +112,13 @@ def run(args: argparse.Namespace) -> int:
     metrics = AgentMetrics()
     boost = CpuBoost() if config.eviction.boost_cpu else None  # one count for the guard and the kills
     try:
-        kube = KubeAgentPort(connect(kubeconfig=args.kubeconfig))
+        connection = connect(kubeconfig=args.kubeconfig)
+        kube = KubeAgentPort(connection)
+        dra_api = None
+        if config.mode is AgentMode.DRA:
+            from spotgpu.kube.dra_port import KubeDraApi
+
+            dra_api = KubeDraApi(connection)
         agent = build_agent(
             config,
             node=NodeName(node),
@@ -118,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
             runtime=runtime,
             metrics=metrics,
             nri=nri,
+            dra_api=dra_api,
         )
     except SpotgpuError as exc:
         print(f"spotgpu agent: cannot start: {exc}", file=sys.stderr)

@@ -467,6 +467,46 @@ def loopback_port(address: str, key: str) -> int:
     return int(port)
 
 
+class AgentMode(enum.StrEnum):
+    """How spot containers get their twins: the device plugin (``platform/spot-gpu``) or DRA."""
+
+    DEVICE_PLUGIN = "devicePlugin"
+    DRA = "dra"
+
+
+_DRIVER_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DraConfig:
+    """``agent.dra``: the DRA kubelet plugin of ``agent.mode: dra`` (docs/dra.md)."""
+
+    driver_name: str = "gpu.spotgpu.io"
+    """The DRA driver name (a DNS subdomain of at most 63 characters): ResourceSlices'
+    ``spec.driver``, DeviceClass selectors, CDI vendor ``k8s.<driverName>``."""
+    registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    plugins_dir: Path = Path("/var/lib/kubelet/plugins")
+    """The service socket is ``<pluginsDir>/<driverName>/dra.sock``; the checkpoint lives there too."""
+    cdi_dir: Path = Path("/var/run/cdi")
+    """Where the claims' CDI specs are written: one of containerd's ``cdi_spec_dirs``."""
+    vendor_cdi_dirs: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))
+    vendor_cdi_kind: str = "nvidia.com/gpu"
+    """A vendor spec of this kind with a device named by the GPU's ID is used instead of ours;
+    empty: always write our own spec."""
+    pod_uid: str = ""
+    """The agent pod's UID for rolling-update socket names (kubelet >= 1.33); empty: the fixed names."""
+    republish_interval: Seconds = Seconds(10.0)
+    """How often the ResourceSlices are checked (and re-created after the kubelet deleted them)."""
+
+    def __post_init__(self) -> None:
+        if len(self.driver_name) > 63 or _DRIVER_NAME_RE.fullmatch(self.driver_name) is None:
+            raise ConfigError(
+                f"dra.driverName: {self.driver_name!r} must be a DNS subdomain with a dot, at most 63 characters"
+            )
+        if self.republish_interval <= 0:
+            raise ConfigError("dra.republishInterval: must be greater than zero")
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class AgentConfig:
     """``spotgpu agent --config FILE`` (section ``agent``). Defaults suit a stock kubelet node."""
@@ -524,6 +564,10 @@ class AgentConfig:
     state_file: Path | None = Path("/run/spotgpu/agent-state.json")
     """Which owners are lent, kept across agent restarts (a tmpfs path: a node reboot forgets it);
     ``null`` keeps no file (a restarted agent then re-lends only owners whose GPUs carry spot users)."""
+    mode: AgentMode = AgentMode.DEVICE_PLUGIN
+    """``devicePlugin``: twins through the ``platform/spot-gpu`` device plugin; ``dra``: the agent is
+    a DRA driver (``dra``) and serves no device plugin."""
+    dra: DraConfig = dataclasses.field(default_factory=DraConfig)
 
     def __post_init__(self) -> None:
         if self.debug_address:
@@ -577,6 +621,8 @@ class AgentConfig:
 
 __all__ = [
     "AgentConfig",
+    "AgentMode",
+    "DraConfig",
     "ConfigError",
     "DeviceNodeConfig",
     "ControlDeviceConfig",

@@ -263,6 +263,7 @@ _FIELDS: Final[Mapping[str, tuple[str, str]]] = {
     "metadata.name": ("metadata", "name"),
     "metadata.namespace": ("metadata", "namespace"),
     "spec.nodeName": ("spec", "nodeName"),
+    "spec.driver": ("spec", "driver"),
     "spec.schedulerName": ("spec", "schedulerName"),
     "status.phase": ("status", "phase"),
 }
@@ -519,6 +520,10 @@ class KubeApiServer:
                     {"name": name, "group": group, "kind": plural, "causes": causes},
                 )
 
+        self._validators[(group, plural)] = validate
+
+    def add_validator(self, group: str, plural: str, validate: Callable[[JSON], None]) -> None:
+        """Check created and updated objects of ``plural.group`` with ``validate`` (raises :class:`ApiFailure`)."""
         self._validators[(group, plural)] = validate
 
     def put(self, obj: JSON) -> JSON:

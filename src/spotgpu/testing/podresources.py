@@ -27,10 +27,23 @@ class ContainerDevices:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimDevice:
+    """One device a container holds through a ResourceClaim (``dynamic_resources``)."""
+
+    claim_namespace: str
+    claim_name: str
+    driver: str
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerResources:
     name: str
     devices: tuple[ContainerDevices, ...] = ()
     cpu_ids: tuple[int, ...] = ()
+    claims: tuple[ClaimDevice, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +70,21 @@ def _pod_message(pod: PodResources) -> pr.PodResources:
                         resource_name=d.resource, device_ids=list(d.device_ids), topology=_topology(d.numa_nodes)
                     )
                     for d in c.devices
+                ],
+                dynamic_resources=[
+                    pr.DynamicResource(
+                        claim_name=d.claim_name,
+                        claim_namespace=d.claim_namespace,
+                        claim_resources=[
+                            pr.ClaimResource(
+                                cdi_devices=[pr.CDIDevice(name=i) for i in d.cdi_ids],
+                                driver_name=d.driver,
+                                pool_name=d.pool,
+                                device_name=d.device,
+                            )
+                        ],
+                    )
+                    for d in c.claims
                 ],
             )
             for c in pod.containers
@@ -141,4 +169,4 @@ class _PodResourcesServicer(pr_grpc.PodResourcesListerServicer):  # type: ignore
         )
 
 
-__all__ = ["ContainerDevices", "ContainerResources", "PodResources", "PodResourcesDouble"]
+__all__ = ["ClaimDevice", "ContainerDevices", "ContainerResources", "PodResources", "PodResourcesDouble"]
