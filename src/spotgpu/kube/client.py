@@ -97,8 +97,18 @@ def error_from_status(code: int, reason: str, message: str, what: str) -> KubeAp
     return cls(text, code=code, reason=reason)
 
 
-def translate(exc: BaseException, what: str) -> KubeApiError:
-    """Map a lightkube/httpx exception to our taxonomy."""
+def no_answer_cause(exc: BaseException) -> str:
+    """Why no answer came, in words (``connection refused``, ``timed out``, the TLS or DNS error)."""
+    if isinstance(exc, httpx2.TimeoutException):
+        return f"timed out ({type(exc).__name__})"
+    text = str(exc).strip()
+    if text.startswith("[Errno") and "] " in text:
+        text = text.split("] ", 1)[1]
+    return (text[:1].lower() + text[1:]) if text else type(exc).__name__
+
+
+def translate(exc: BaseException, what: str, server: str = "") -> KubeApiError:
+    """Map a lightkube/httpx exception to our taxonomy; ``server`` (its URL) is named when none answered."""
     if isinstance(exc, KubeApiError):
         return exc
     if isinstance(exc, ApiError):
@@ -106,16 +116,20 @@ def translate(exc: BaseException, what: str) -> KubeApiError:
         return error_from_status(int(status.code or 0), status.reason or "", status.message or "", what)
     if isinstance(exc, httpx2.HTTPStatusError):
         return error_from_status(exc.response.status_code, exc.response.reason_phrase, exc.response.text[:200], what)
-    return ServerError(f"{what}: no answer from the API server: {exc!r}", code=0, reason=type(exc).__name__)
+    at = f" at {server}" if server else ""
+    return ServerError(
+        f"{what}: no answer from the API server{at}: {no_answer_cause(exc)}", code=0, reason=type(exc).__name__
+    )
 
 
 @contextmanager
-def api_errors(what: str) -> Iterator[None]:
-    """Translate any API failure inside the block into a :class:`KubeApiError` naming ``what``."""
+def api_errors(what: str, server: str = "") -> Iterator[None]:
+    """Translate any API failure inside the block into a :class:`KubeApiError` naming ``what``
+    (and ``server`` when no answer came)."""
     try:
         yield
     except (ApiError, httpx2.HTTPError, OSError) as exc:
-        raise translate(exc, what) from exc
+        raise translate(exc, what, server) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,15 +207,20 @@ class Connection:
 
     def post(self, path: str, body: Mapping[str, object], what: str) -> dict[str, Any]:
         """POST ``body`` as JSON to ``path``; the answer's JSON, or a :class:`KubeApiError`."""
-        with api_errors(what):
+        with api_errors(what, self.server):
             resp = self.rest.post(path, json=dict(body))
         return json_answer(resp, what)
 
     def get(self, path: str, params: Mapping[str, str], what: str) -> dict[str, Any]:
         """GET ``path`` as raw JSON (lists stay plain JSON: no typed decoding of every item)."""
-        with api_errors(what):
+        with api_errors(what, self.server):
             resp = self.rest.get(path, params=dict(params))
         return json_answer(resp, what)
+
+    @property
+    def server(self) -> str:
+        """The API server's URL (error messages name it)."""
+        return str(self.config.cluster.server)
 
     @property
     def namespace(self) -> str:
@@ -235,7 +254,10 @@ def connect(
         if single is None:
             raise PermanentError("no current context")
     except Exception as exc:
-        raise PermanentError(f"cannot load Kubernetes configuration: {exc}") from exc
+        source = (
+            f"--server {url}" if url is not None else str(kubeconfig or "$KUBECONFIG, ~/.kube/config or in-cluster")
+        )
+        raise PermanentError(f"cannot load Kubernetes configuration from {source}: {exc}") from exc
     client = Client(
         config=single,
         namespace=namespace,
@@ -285,5 +307,6 @@ __all__ = [
     "connect",
     "error_from_status",
     "json_answer",
+    "no_answer_cause",
     "translate",
 ]
