@@ -108,6 +108,7 @@ STYLE: Final = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; padding: 0 1em; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
 td, th { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+td { white-space: nowrap; } td.l { white-space: normal; }
 th { background: #f4f4f4; } td:first-child, th:first-child, td.l { text-align: left; }
 tr.rec td { background: #eef7ee; font-weight: 600; }
 .lead { font-size: 1.1em; background: #eef7ee; border-left: 4px solid #2e8b57; padding: 0.5em 1em; }
