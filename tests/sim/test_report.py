@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spotgpu.sim.metrics import share_of_best, useful_gain_gpu_hours
+from spotgpu.sim.metrics import MIN_GAIN_GPU_HOURS, share_of_best, useful_gain_gpu_hours
 from spotgpu.sim.page import render_html
 from spotgpu.sim.report import write_outputs
 from spotgpu.sim.runner import simulate
@@ -49,7 +49,8 @@ def test_useful_gain_and_share_arithmetic(useful: float, baseline: float) -> Non
     assert gain == pytest.approx(useful - baseline, abs=1e-6)
     assert useful_gain_gpu_hours(baseline, baseline) == 0.0
     assert share_of_best(gain, 0.0) is None
-    if gain > 0:
+    assert share_of_best(gain, MIN_GAIN_GPU_HOURS / 2) is None  # sampling noise is no gain to compare with
+    if gain >= MIN_GAIN_GPU_HOURS:
         assert share_of_best(gain, gain) == 1.0
 
 

@@ -26,6 +26,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from spotgpu.core.types import EvictionReason
 from spotgpu.sim.model import CATEGORY_NAMES, Category
@@ -162,9 +163,15 @@ def useful_gain_gpu_hours(useful_spot_gpu_hours: float, baseline_useful_spot_gpu
     return round(useful_spot_gpu_hours - baseline_useful_spot_gpu_hours, 6)
 
 
+MIN_GAIN_GPU_HOURS: Final = 1.0
+"""A best gain below one GPU-hour is no gain to compare with: with equal placements, policies
+differ by the sampled start latencies alone (fractions of a GPU-second per job)."""
+
+
 def share_of_best(gain: float, best: float) -> float | None:
-    """``gain`` as a fraction of the largest gain of the run; None when no policy gains anything."""
-    return round(gain / best, 4) if best > 0 else None
+    """``gain`` as a fraction of the largest gain of the run; None when no policy gains at least
+    :data:`MIN_GAIN_GPU_HOURS`."""
+    return round(gain / best, 4) if best >= MIN_GAIN_GPU_HOURS else None
 
 
 def _h(seconds: float) -> float:
@@ -223,6 +230,7 @@ __all__ = [
     "CycleStats",
     "GpuTime",
     "JobTimes",
+    "MIN_GAIN_GPU_HOURS",
     "Metrics",
     "Returns",
     "SpotWork",

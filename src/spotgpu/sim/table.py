@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from spotgpu.sim.metrics import MIN_GAIN_GPU_HOURS
+
 RECOMMENDED_MARK: Final = " *"
 
 COLUMNS: Final = (
@@ -111,8 +113,8 @@ def headline(summary: dict[str, Any]) -> str | None:
     if not entries or summary.get("baseline_policy") is None:
         return None
     best = max(entries, key=lambda p: p["useful_gain_gpu_hours"])
-    if best["useful_gain_gpu_hours"] <= 0:
-        return "no policy gains useful spot GPU-hours over not lending in this run"
+    if best["useful_gain_gpu_hours"] < MIN_GAIN_GPU_HOURS:
+        return "no policy gains a useful spot GPU-hour over not lending in this run"
     text = (
         f"best useful gain: {best['name']} {best['useful_gain_gpu_hours']:+,.0f} GPU-h over "
         f"{summary['baseline_policy']} ({best['wasted_spot_gpu_hours']:,.0f} GPU-h wasted)"
