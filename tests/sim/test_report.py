@@ -92,3 +92,19 @@ def test_the_page_without_a_baseline_leaves_the_gain_empty() -> None:
     page = render_html(summary)
     assert "no baseline (a policy without lending) in this run" in page
     assert "best useful gain" not in page
+
+
+def test_the_plots_legends_show_the_censored_waits_and_the_gain(result: Any) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from spotgpu.sim import report
+
+    waits = report._plot_spot_cdfs(plt, result.runs).axes[0].get_legend()
+    assert waits is not None
+    assert any(t.get_text().startswith("baseline: ") and "never started" in t.get_text() for t in waits.get_texts())
+    gain = report._plot_gain(plt, result.summary()["policies"]).axes[0].get_legend()
+    assert gain is not None and "useful gain over the baseline (the win)" in [t.get_text() for t in gain.get_texts()]
+    plt.close("all")

@@ -101,13 +101,14 @@ def _all_figures(policies: list[dict[str, Any]]) -> str:
     for name in categories:
         cells = "".join(f"<td>{_figure(name, p['gpu_hours_by_category'].get(name))}</td>" for p in policies)
         rows.append(f"<tr><th>GPU-hours {e(name.replace('_', ' '))}</th>{cells}</tr>")
-    return "<table>" + "".join(rows) + "</table>"
+    return "<div class=wide><table>" + "".join(rows) + "</table></div>"
 
 
 STYLE: Final = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; padding: 0 1em; }
-table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
-td, th { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1240px; color: #222; padding: 0 1em; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.82em; }
+.wide { overflow-x: auto; }
+td, th { border: 1px solid #ccc; padding: 0.2em 0.4em; text-align: right; }
 td { white-space: nowrap; } td.l { white-space: normal; }
 th { background: #f4f4f4; } td:first-child, th:first-child, td.l { text-align: left; }
 tr.rec td { background: #eef7ee; font-weight: 600; }
@@ -126,7 +127,7 @@ def _policies(summary: dict[str, Any]) -> str:
         for p in summary["policies"]
     )
     described = "".join(f"<dt>{e(str(p['name']))}</dt><dd>{e(describe_policy(p))}</dd>" for p in summary["policies"])
-    return f"<table><tr>{head}</tr>{body}</table><h3>The policies</h3><dl>{described}</dl>"
+    return f"<div class=wide><table><tr>{head}</tr>{body}</table></div><h3>The policies</h3><dl>{described}</dl>"
 
 
 def render_html(summary: dict[str, Any], images: Mapping[str, bytes] | None = None) -> str:
@@ -154,7 +155,7 @@ checkpoint interval {e(duration(float(sc["checkpoint_interval_s"])))}. Wall time
 {_policies(summary)}
 <h3>Columns</h3><dl>{definitions}</dl>
 <ul>{"".join(f"<li>{e(line)}</li>" for line in notes(summary, lead=False, definitions=False))}</ul>
-<h2>Plots</h2>
+<h2 id="plots">Plots</h2>
 {"".join(_img(name, title, images) for name, title in PLOTS)}
 <h2>Where the latencies come from</h2>
 <p>{e(PROVENANCE)}</p>

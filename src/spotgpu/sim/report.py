@@ -115,7 +115,7 @@ def _plot_gain(plt: Any, entries: Sequence[dict[str, Any]]) -> Any:
     ax.set_xticks(list(x), [str(e["name"]) for e in entries], rotation=20, ha="right", fontsize=9)
     ax.set_ylabel("GPU-hours")
     ax.axhline(0, color="#444", linewidth=0.6)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
     fig.tight_layout()
     return fig
 
