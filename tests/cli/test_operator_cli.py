@@ -53,7 +53,7 @@ def test_status_against_an_unreachable_server_names_it_and_the_cause(tmp_path: P
     run = spotgpu("status", "--kubeconfig", str(kubeconfig(tmp_path, server)), "--request-timeout", "2")
     assert run.returncode != 0
     assert run.stderr.strip().splitlines() == [
-        f"spotgpu status: list nodes: no answer from the API server at {server}: connection refused"
+        f"spotgpu status: list nodes at {server}: no answer from the API server: connection refused"
     ]
     assert "INFO" not in run.stderr and "Traceback" not in run.stderr
 

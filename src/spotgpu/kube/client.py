@@ -107,8 +107,8 @@ def no_answer_cause(exc: BaseException) -> str:
     return (text[:1].lower() + text[1:]) if text else type(exc).__name__
 
 
-def translate(exc: BaseException, what: str, server: str = "") -> KubeApiError:
-    """Map a lightkube/httpx exception to our taxonomy; ``server`` (its URL) is named when none answered."""
+def translate(exc: BaseException, what: str) -> KubeApiError:
+    """Map a lightkube/httpx exception to our taxonomy."""
     if isinstance(exc, KubeApiError):
         return exc
     if isinstance(exc, ApiError):
@@ -116,20 +116,18 @@ def translate(exc: BaseException, what: str, server: str = "") -> KubeApiError:
         return error_from_status(int(status.code or 0), status.reason or "", status.message or "", what)
     if isinstance(exc, httpx2.HTTPStatusError):
         return error_from_status(exc.response.status_code, exc.response.reason_phrase, exc.response.text[:200], what)
-    at = f" at {server}" if server else ""
     return ServerError(
-        f"{what}: no answer from the API server{at}: {no_answer_cause(exc)}", code=0, reason=type(exc).__name__
+        f"{what}: no answer from the API server: {no_answer_cause(exc)}", code=0, reason=type(exc).__name__
     )
 
 
 @contextmanager
-def api_errors(what: str, server: str = "") -> Iterator[None]:
-    """Translate any API failure inside the block into a :class:`KubeApiError` naming ``what``
-    (and ``server`` when no answer came)."""
+def api_errors(what: str) -> Iterator[None]:
+    """Translate any API failure inside the block into a :class:`KubeApiError` naming ``what``."""
     try:
         yield
     except (ApiError, httpx2.HTTPError, OSError) as exc:
-        raise translate(exc, what, server) from exc
+        raise translate(exc, what) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,14 +204,18 @@ class Connection:
         return http_client_for(self.config, params)
 
     def post(self, path: str, body: Mapping[str, object], what: str) -> dict[str, Any]:
-        """POST ``body`` as JSON to ``path``; the answer's JSON, or a :class:`KubeApiError`."""
-        with api_errors(what, self.server):
+        """POST ``body`` as JSON to ``path``; the answer's JSON, or a :class:`KubeApiError` naming
+        ``what`` and the server."""
+        what = f"{what} at {self.server}"
+        with api_errors(what):
             resp = self.rest.post(path, json=dict(body))
         return json_answer(resp, what)
 
     def get(self, path: str, params: Mapping[str, str], what: str) -> dict[str, Any]:
-        """GET ``path`` as raw JSON (lists stay plain JSON: no typed decoding of every item)."""
-        with api_errors(what, self.server):
+        """GET ``path`` as raw JSON (lists stay plain JSON: no typed decoding of every item); errors
+        name ``what`` and the server."""
+        what = f"{what} at {self.server}"
+        with api_errors(what):
             resp = self.rest.get(path, params=dict(params))
         return json_answer(resp, what)
 
