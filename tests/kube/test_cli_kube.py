@@ -99,6 +99,7 @@ def test_status_reports_an_unreachable_cluster(capsys: pytest.CaptureFixture[str
 
 
 def test_gangjob_submit_and_list(api: KubeApiServer, capsys: pytest.CaptureFixture[str]) -> None:
+    api.put({"apiVersion": CRD, "kind": "Queue", "metadata": {"name": "spot-queue"}, "spec": {"type": "spot"}})
     argv = ["gangjob", "submit", "--server", api.url, "-n", "ml", "--queue", "spot-queue", "--replicas", "4"]
     argv += ["--gpus", "2", "--priority", "spothigh", "--image", "trainer:1", "--env", "EPOCHS=3", "-o", "json"]
     assert main([*argv, "--", "python", "train.py", "--lr", "0.1"]) == 0

@@ -17,7 +17,7 @@ from spotgpu.core.ids import NodeName
 from spotgpu.core.lending import LendRules
 from spotgpu.scheduler.model import Node, parse_node_annotations
 from spotgpu.sim.lending import policy_rules
-from spotgpu.sim.report import RECOMMENDED_MARK, render_html, summary_table
+from spotgpu.sim.page import render_html
 from spotgpu.sim.runner import simulate
 from spotgpu.sim.scenario import (
     DEFAULT_POLICIES,
@@ -30,6 +30,7 @@ from spotgpu.sim.scenario import (
     scenario_argument,
     scenario_summary,
 )
+from spotgpu.sim.table import RECOMMENDED_MARK, summary_table
 
 EF_EXCERPT = Path(__file__).parent / "data" / "elasticflow-cluster10-first40.csv"
 
@@ -136,7 +137,8 @@ def test_without_a_baseline_the_comparison_is_empty() -> None:
     summary = simulate(parse_scenario(data), workers=1).summary()
     assert summary["baseline_policy"] is None
     assert summary["policies"][0]["spot_jobs_completed_vs_baseline"] is None  # type: ignore[index]
-    assert "a baseline's (none in this run)" in summary_table(summary)
+    assert summary["policies"][0]["useful_gain_gpu_hours"] is None  # type: ignore[index]
+    assert "no baseline (a policy without lending) in this run" in summary_table(summary)
 
 
 def _replaying(tmp_path: Path) -> Path:

@@ -17,11 +17,13 @@ from spotgpu.cli import main
 from spotgpu.core.types import NodeStrategy
 from spotgpu.scheduler import CycleResult, SchedulerConfig, Snapshot, VictimScale, demand
 from spotgpu.scheduler.state import ClusterState
+from spotgpu.sim.page import render_html
 from spotgpu.sim.progress import Progress
-from spotgpu.sim.report import render_html, summary_table, write_outputs
+from spotgpu.sim.report import write_outputs
 from spotgpu.sim.runner import simulate
 from spotgpu.sim.scenario import build_workload, default_scenario
 from spotgpu.sim.simulation import Hooks, Simulation, real_scheduler, run_policy
+from spotgpu.sim.table import summary_table
 
 REQUIRED_POLICY_KEYS = {
     "name",
@@ -194,7 +196,7 @@ def test_report_files(result: Any, tmp_path: Path) -> None:
         assert png.stat().st_size > 5000
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["policies"] == result.summary()["policies"]
     page = (tmp_path / "out" / "report.html").read_text()
-    for name in ("allocation.png", "lowpower-10m", "CC BY 4.0", "Copyright (c) Microsoft Corporation", "Hu et al."):
+    for name in ("GPU allocation", "lowpower-10m", "CC BY 4.0", "Copyright (c) Microsoft Corporation", "Hu et al."):
         assert name in page
 
 
@@ -209,7 +211,7 @@ def test_summary_table_lists_every_policy(result: Any) -> None:
     table = summary_table(result.summary())
     lines = table.splitlines()
     assert lines[0].startswith("scenario default: 16 nodes, 128 GPUs")
-    assert lines[1].split()[:3] == ["policy", "reclaimed", "GPU-h"]
+    assert lines[1].split()[:4] == ["policy", "useful", "gain", "GPU-h"]
     for policy in result.scenario.policies:
         assert any(line.startswith(policy.name + " ") for line in lines)
     assert lines[-1].startswith("wall time")

@@ -79,6 +79,20 @@ def stop_on_signals(log: logging.Logger) -> threading.Event:
     return stop
 
 
+def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
+    """``-v``: the operator commands' log lines (every HTTP request, retries); quiet without it."""
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log every API request and retry on stderr (default: quiet)"
+    )
+
+
+def quiet_unless_verbose(args: argparse.Namespace) -> None:
+    """An operator command prints its answer and its errors; log lines (the HTTP client logs every
+    request at INFO) only with ``-v``, at ``--log-level``."""
+    if not args.verbose:
+        logging.getLogger().setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
 def _load(name: str) -> CommandModule:
     return cast(CommandModule, importlib.import_module(COMMANDS[name].module))
 
@@ -149,4 +163,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-__all__ = ["COMMANDS", "Command", "build_parser", "main", "missing_packages", "stop_on_signals"]
+__all__ = [
+    "COMMANDS",
+    "Command",
+    "add_verbose_argument",
+    "build_parser",
+    "main",
+    "missing_packages",
+    "quiet_unless_verbose",
+    "stop_on_signals",
+]

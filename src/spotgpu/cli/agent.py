@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from spotgpu.agent.ports import GuardPort
 from spotgpu.cli import stop_on_signals
@@ -32,10 +32,25 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("spotgpu.agent")
 
+DEFAULT_CONFIG: Final = Path("/etc/spotgpu/config.yaml")
+"""Where the chart mounts the agent's configuration (so ``spotgpu agent --check`` in the agent's pod needs no flag)."""
+
+NO_NODE: Final = (
+    "no node name: set agent.nodeName, --node or $NODE_NAME (the chart sets $NODE_NAME in the agent's pod; "
+    "outside it pass --node)"
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, required=True, help="YAML file with an 'agent' section")
-    parser.add_argument("--node", help="node name (default: agent.nodeName, then $NODE_NAME)")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=DEFAULT_CONFIG,
+        help=f"YAML file with an 'agent' section (default: {DEFAULT_CONFIG}, where the chart mounts it)",
+    )
+    parser.add_argument(
+        "--node", help="node name (default: agent.nodeName, then $NODE_NAME, which the chart sets in the agent's pod)"
+    )
     parser.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     parser.add_argument("--check", action="store_true", help="validate the configuration and exit")
 
@@ -85,6 +100,17 @@ def served(config: AgentConfig) -> str:
     return text
 
 
+def _check(path: Path, node: str, config: AgentConfig, nri_socket: Path | None) -> int:
+    """``--check``: the configuration is valid; the node name is there or what sets it is named."""
+    mode = f"NRI on {nri_socket} and the wrapper's socket" if nri_socket else "the wrapper's socket"
+    where = f"for node {node}" if node else "(no node name yet)"
+    print(f"configuration {path} OK {where}; serves {served(config)}; spotgpu-runtime through {mode}")
+    if not node:
+        print(f"spotgpu agent: {NO_NODE}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from spotgpu.nri.config import load_nri_config
     from spotgpu.runtime.config import load_runtime_config
@@ -97,13 +123,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"spotgpu agent: {exc}", file=sys.stderr)
         return 2
     node = args.node or config.node_name or os.environ.get("NODE_NAME", "")
-    if not node:
-        print("spotgpu agent: no node name: set agent.nodeName, --node or $NODE_NAME", file=sys.stderr)
-        return 2
     if args.check:
-        mode = f"NRI on {nri.socket_path} and the wrapper's socket" if nri.enabled else "the wrapper's socket"
-        print(f"configuration OK for node {node}; serves {served(config)}; spotgpu-runtime through {mode}")
-        return 0
+        return _check(args.config, node, config, nri.socket_path if nri.enabled else None)
+    if not node:
+        print(f"spotgpu agent: {NO_NODE}", file=sys.stderr)
+        return 2
     from spotgpu.adapters.agent_metrics import AgentMetrics
     from spotgpu.agent.build import build_agent
     from spotgpu.kube.agent_port import KubeAgentPort

@@ -11,10 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from spotgpu.cli import add_verbose_argument, quiet_unless_verbose
 from spotgpu.core.errors import SpotgpuError
+from spotgpu.core.refs import label_problem
 from spotgpu.core.types import SpotPriority
+
+if TYPE_CHECKING:
+    from spotgpu.kube.client import Connection
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     listing.add_argument("-n", "--namespace", help="namespace (default: all)")
     for p in (submit, listing):
         p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+        add_verbose_argument(p)
         add_connection_arguments(p)
 
 
@@ -50,6 +56,7 @@ def _fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    quiet_unless_verbose(args)
     try:
         if args.action == "submit":
             return _submit(args)
@@ -76,12 +83,47 @@ def _row(obj: dict[str, Any]) -> list[str]:
 HEADERS = ["NAMESPACE", "NAME", "QUEUE", "PRIORITY", "PODSxGPUS", "PHASE", "EVICTIONS", "RETRIES"]
 
 
+def _names_problem(args: argparse.Namespace) -> str | None:
+    """Why the GangJob's name, namespace or queue cannot be an object's name, or None."""
+    from spotgpu.kube.resources import MAX_GANGJOB_NAME
+
+    checks = [("--namespace", args.namespace, 63), ("--queue", args.queue, 63)]
+    if args.name is not None:
+        checks.insert(0, ("--name", args.name, MAX_GANGJOB_NAME))
+    for flag, value, limit in checks:
+        problem = label_problem(f"{flag} {value!r}", value, limit)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _queue_problem(connection: Connection, queue: str) -> str | None:
+    """Why GangJobs cannot go to ``queue`` in this cluster (it does not exist), or None."""
+    from spotgpu.kube.client import NotFound
+    from spotgpu.kube.informer import collection_path
+    from spotgpu.kube.resources import GROUP, VERSION
+
+    path = collection_path(GROUP, VERSION, "queues")
+    try:
+        connection.get(f"{path}/{queue}", {}, f"get Queue {queue}")
+    except NotFound:
+        names = sorted(
+            str((q.get("metadata") or {}).get("name"))
+            for q in connection.get(path, {}, "list queues").get("items") or []
+        )
+        return f"--queue {queue!r}: no such Queue in the cluster; it has {', '.join(names) or 'none'}"
+    return None
+
+
 def _submit(args: argparse.Namespace) -> int:
     from spotgpu.kube.client import connect_from_args
     from spotgpu.kube.informer import collection_path
     from spotgpu.kube.resources import GROUP, VERSION, gangjob_manifest
     from spotgpu.kube.status import table
 
+    problem = _names_problem(args)
+    if problem is not None:
+        return _fail(problem)
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -113,6 +155,9 @@ def _submit(args: argparse.Namespace) -> int:
         return 0
     connection = connect_from_args(args, field_manager="spotgpu-cli", namespace=args.namespace)
     try:
+        problem = _queue_problem(connection, args.queue)
+        if problem is not None:
+            return _fail(problem)
         path = collection_path(GROUP, VERSION, "gangjobs", args.namespace)
         created = connection.post(path, manifest, f"create GangJob in {args.namespace}")
     finally:

@@ -73,6 +73,8 @@ def parse_duration(value: object, key: str = "duration") -> Seconds:
                 break
             seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
             pos = match.end()
+        if text.startswith("-"):
+            raise ConfigError(f"{key}: duration must not be negative, got {value!r}")
         if pos != len(text) or pos == 0:
             try:
                 seconds = float(text)

@@ -28,16 +28,26 @@ class RefError(ValidationError):
     """A pod or container reference is malformed; the message names the part."""
 
 
-def _check_label(kind: str, value: str, text: str) -> str:
+def label_problem(what: str, value: str, limit: int = 63) -> str | None:
+    """Why ``value`` is not a DNS-1123 label of at most ``limit`` characters, or None; ``what``
+    names the value in the message (``GangJob name 'X'``)."""
     if not value:
-        raise RefError(f"{kind} in reference {text!r} is empty")
-    if len(value) > 63:
-        raise RefError(f"{kind} {value[:70]!r} in reference {text!r} is {len(value)} characters; at most 63 allowed")
+        return f"{what} is empty"
+    if len(value) > limit:
+        return f"{what} is {len(value)} characters; at most {limit} allowed"
     if _LABEL_RE.fullmatch(value) is None:
-        raise RefError(
-            f"{kind} {value!r} in reference {text!r} is not a DNS-1123 label "
+        return (
+            f"{what} is not a DNS-1123 label "
             "(lowercase letters, digits and '-', starting and ending with a letter or digit)"
         )
+    return None
+
+
+def _check_label(kind: str, value: str, text: str) -> str:
+    what = f"{kind} {value[:70]!r} in reference {text!r}" if value else f"{kind} in reference {text!r}"
+    problem = label_problem(what, value)
+    if problem is not None:
+        raise RefError(problem)
     return value
 
 
@@ -148,4 +158,4 @@ class ContainerRef:
         return self.format()
 
 
-__all__ = ["SAME_NAMESPACE", "ContainerRef", "PodRef", "RefError"]
+__all__ = ["SAME_NAMESPACE", "ContainerRef", "PodRef", "RefError", "label_problem"]

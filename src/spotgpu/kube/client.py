@@ -97,6 +97,16 @@ def error_from_status(code: int, reason: str, message: str, what: str) -> KubeAp
     return cls(text, code=code, reason=reason)
 
 
+def no_answer_cause(exc: BaseException) -> str:
+    """Why no answer came, in words (``connection refused``, ``timed out``, the TLS or DNS error)."""
+    if isinstance(exc, httpx2.TimeoutException):
+        return f"timed out ({type(exc).__name__})"
+    text = str(exc).strip()
+    if text.startswith("[Errno") and "] " in text:
+        text = text.split("] ", 1)[1]
+    return (text[:1].lower() + text[1:]) if text else type(exc).__name__
+
+
 def translate(exc: BaseException, what: str) -> KubeApiError:
     """Map a lightkube/httpx exception to our taxonomy."""
     if isinstance(exc, KubeApiError):
@@ -106,7 +116,9 @@ def translate(exc: BaseException, what: str) -> KubeApiError:
         return error_from_status(int(status.code or 0), status.reason or "", status.message or "", what)
     if isinstance(exc, httpx2.HTTPStatusError):
         return error_from_status(exc.response.status_code, exc.response.reason_phrase, exc.response.text[:200], what)
-    return ServerError(f"{what}: no answer from the API server: {exc!r}", code=0, reason=type(exc).__name__)
+    return ServerError(
+        f"{what}: no answer from the API server: {no_answer_cause(exc)}", code=0, reason=type(exc).__name__
+    )
 
 
 @contextmanager
@@ -192,16 +204,25 @@ class Connection:
         return http_client_for(self.config, params)
 
     def post(self, path: str, body: Mapping[str, object], what: str) -> dict[str, Any]:
-        """POST ``body`` as JSON to ``path``; the answer's JSON, or a :class:`KubeApiError`."""
+        """POST ``body`` as JSON to ``path``; the answer's JSON, or a :class:`KubeApiError` naming
+        ``what`` and the server."""
+        what = f"{what} at {self.server}"
         with api_errors(what):
             resp = self.rest.post(path, json=dict(body))
         return json_answer(resp, what)
 
     def get(self, path: str, params: Mapping[str, str], what: str) -> dict[str, Any]:
-        """GET ``path`` as raw JSON (lists stay plain JSON: no typed decoding of every item)."""
+        """GET ``path`` as raw JSON (lists stay plain JSON: no typed decoding of every item); errors
+        name ``what`` and the server."""
+        what = f"{what} at {self.server}"
         with api_errors(what):
             resp = self.rest.get(path, params=dict(params))
         return json_answer(resp, what)
+
+    @property
+    def server(self) -> str:
+        """The API server's URL (error messages name it)."""
+        return str(self.config.cluster.server)
 
     @property
     def namespace(self) -> str:
@@ -235,7 +256,10 @@ def connect(
         if single is None:
             raise PermanentError("no current context")
     except Exception as exc:
-        raise PermanentError(f"cannot load Kubernetes configuration: {exc}") from exc
+        source = (
+            f"--server {url}" if url is not None else str(kubeconfig or "$KUBECONFIG, ~/.kube/config or in-cluster")
+        )
+        raise PermanentError(f"cannot load Kubernetes configuration from {source}: {exc}") from exc
     client = Client(
         config=single,
         namespace=namespace,
@@ -285,5 +309,6 @@ __all__ = [
     "connect",
     "error_from_status",
     "json_answer",
+    "no_answer_cause",
     "translate",
 ]

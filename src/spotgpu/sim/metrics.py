@@ -5,6 +5,11 @@ simulation (GPU category moves, evictions, holds, job starts and ends) and integ
 GPU-time per :class:`~spotgpu.sim.model.Category` between events. :func:`summarize` turns it
 into the per-policy JSON entry (keys documented in docs/simulator.md).
 
+The win of lending is :func:`useful_gain_gpu_hours`: useful spot GPU-hours (spot GPU-hours
+minus those lost to evictions) over the baseline's, the same workload without lending. Not
+``reclaimed_gpu_hours``: that counts spot work on lent GPUs, wasted work included, and work a
+lending policy merely moved off unallocated GPUs.
+
 Percentiles use linear interpolation between closest ranks (numpy's default); an empty sample
 gives 0.0.
 
@@ -21,6 +26,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from spotgpu.core.types import EvictionReason
 from spotgpu.sim.model import CATEGORY_NAMES, Category
@@ -150,6 +156,24 @@ class Metrics:
         return cls(GpuTime(total_gpus))
 
 
+def useful_gain_gpu_hours(useful_spot_gpu_hours: float, baseline_useful_spot_gpu_hours: float) -> float:
+    """What lending wins: the useful spot GPU-hours (``spot - wasted``: completed, checkpointed or
+    still running at the end) minus the baseline's, the same workload without lending (0 for the
+    baseline itself; negative when a policy serves less useful spot work than not lending)."""
+    return round(useful_spot_gpu_hours - baseline_useful_spot_gpu_hours, 6)
+
+
+MIN_GAIN_GPU_HOURS: Final = 1.0
+"""A best gain below one GPU-hour is no gain to compare with: with equal placements, policies
+differ by the sampled start latencies alone (fractions of a GPU-second per job)."""
+
+
+def share_of_best(gain: float, best: float) -> float | None:
+    """``gain`` as a fraction of the largest gain of the run; None when no policy gains at least
+    :data:`MIN_GAIN_GPU_HOURS`."""
+    return round(gain / best, 4) if best >= MIN_GAIN_GPU_HOURS else None
+
+
 def _h(seconds: float) -> float:
     return round(seconds / HOUR, 6)
 
@@ -202,4 +226,16 @@ def summarize(metrics: Metrics, horizon: float) -> dict[str, object]:
     }
 
 
-__all__ = ["CycleStats", "GpuTime", "JobTimes", "Metrics", "Returns", "SpotWork", "percentile", "summarize"]
+__all__ = [
+    "CycleStats",
+    "GpuTime",
+    "JobTimes",
+    "MIN_GAIN_GPU_HOURS",
+    "Metrics",
+    "Returns",
+    "SpotWork",
+    "percentile",
+    "share_of_best",
+    "summarize",
+    "useful_gain_gpu_hours",
+]

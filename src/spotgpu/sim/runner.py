@@ -21,6 +21,7 @@ from spotgpu import __version__
 from spotgpu.core.config import ConfigError
 from spotgpu.core.types import NodeStrategy
 from spotgpu.sim.inputs import LATENCY_MODEL
+from spotgpu.sim.metrics import share_of_best, useful_gain_gpu_hours
 from spotgpu.sim.scenario import PolicySpec, Scenario, Workload, build_workload, scenario_summary
 from spotgpu.sim.simulation import Hooks, PolicyRun, run_policy
 
@@ -59,11 +60,17 @@ class SimulationResult:
     def summary(self) -> dict[str, object]:
         """The JSON document of ``--json`` and ``summary.json``."""
         baseline = next((run for run in self.runs if not run.policy.lending), None)
+        entries = [policy_entry(run, baseline) for run in self.runs]
+        gains = [gain for e in entries if isinstance(gain := e["useful_gain_gpu_hours"], float)]
+        best = max(gains, default=0.0)
+        for entry in entries:
+            gain = entry["useful_gain_gpu_hours"]
+            entry["useful_gain_share_of_best"] = share_of_best(gain, best) if isinstance(gain, float) else None
         return {
             "spotgpu_version": __version__,
             "scenario": self.workload,
             "baseline_policy": baseline.policy.name if baseline is not None else None,
-            "policies": [policy_entry(run, baseline) for run in self.runs],
+            "policies": entries,
             "notes": list(NOTES),
             "wall_seconds": round(self.wall_seconds, 3),
             "profile": {
@@ -82,6 +89,11 @@ NOTES: Final = (
     "censored there (its wait counts as end - submit, a lower bound), *_wait_censored says how many; "
     "*_wait_started_s_* count started jobs only",
     "latencies: " + LATENCY_MODEL + " (scenario.latencies lists the tables and their sources)",
+    "useful_gain_gpu_hours: what lending wins, useful spot GPU-hours (spot - wasted) minus the baseline policy's "
+    "(the first without lending; null when the run has none); useful_gain_share_of_best: that gain over the "
+    "largest gain of the run",
+    "reclaimed_gpu_hours: spot GPU-hours on lent GPUs, wasted work included, and including work that would "
+    "otherwise have run on unallocated GPUs; not the win",
     "spot_jobs_completed_vs_baseline: spot jobs completed minus the baseline policy's (the first without lending); "
     "wasted_spot_percent: wasted spot GPU-hours / all spot GPU-hours",
 )
@@ -93,12 +105,20 @@ def policy_entry(run: PolicyRun, baseline: PolicyRun | None) -> dict[str, object
     figures = run.summary
     spot = float(figures["spot_gpu_hours"])  # type: ignore[arg-type]
     wasted = float(figures["wasted_spot_gpu_hours"])  # type: ignore[arg-type]
-    delta = None
+    delta: int | None = None
+    gain: float | None = None
     if baseline is not None:
         delta = int(figures["spot_jobs_completed"]) - int(baseline.summary["spot_jobs_completed"])  # type: ignore[call-overload]
+        gain = useful_gain_gpu_hours(
+            float(figures["useful_spot_gpu_hours"]),  # type: ignore[arg-type]
+            float(baseline.summary["useful_spot_gpu_hours"]),  # type: ignore[arg-type]
+        )
     return {
         "name": figures["name"],
         "recommended": run.policy.recommended,
+        "useful_gain_gpu_hours": gain,
+        "useful_gain_share_of_best": None,
+        # the share of the run's largest gain: set by SimulationResult.summary, which sees every policy
         **figures,
         "spot_jobs_completed_vs_baseline": delta,
         "wasted_spot_percent": round(100.0 * wasted / spot, 3) if spot > 0 else 0.0,
@@ -106,9 +126,15 @@ def policy_entry(run: PolicyRun, baseline: PolicyRun | None) -> dict[str, object
 
 
 def select_policies(scenario: Scenario, names: Sequence[str] | None) -> tuple[PolicySpec, ...]:
-    if not names:
-        return scenario.policies
+    """The scenario's policies named in ``names`` (``--policies``), in that order; all for None."""
     known = {p.name: p for p in scenario.policies}
+    if names is None:
+        return scenario.policies
+    if not names:
+        raise ConfigError(f"--policies: no policy named; the scenario has {', '.join(known)}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ConfigError(f"--policies: {repeated} named more than once")
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ConfigError(f"--policies: {unknown} not in the scenario; it has {', '.join(known)}")
