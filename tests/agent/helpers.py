@@ -14,7 +14,8 @@ from spotgpu.agent.ports import ContainerInfo, PodEvent, PodEventType, PodInfo
 from spotgpu.agent.service import Agent, RuntimeServiceFactory, TwinHostFactory
 from spotgpu.core import keys
 from spotgpu.core.clock import ManualClock
-from spotgpu.core.config import AgentConfig, EvictionConfig, LendingConfig, LendPolicyKind, Seconds
+from spotgpu.core.config import AgentConfig, EvictionConfig, LendingConfig, LendPolicyKind
+from spotgpu.core.configfile import Seconds
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, DeviceID, NodeName, to_spot_id
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.ports.node import AllocatedDevices, GpuDevice, LendStore, ReleaseCheck

@@ -26,7 +26,8 @@ from spotgpu.agent.model import LendState
 from spotgpu.agent.ports import PodInfo
 from spotgpu.agent.service import Agent
 from spotgpu.core.clock import ManualClock
-from spotgpu.core.config import AgentConfig, Seconds
+from spotgpu.core.config import AgentConfig
+from spotgpu.core.configfile import Seconds
 from spotgpu.core.ids import DeviceID
 from spotgpu.core.refs import PodRef
 from spotgpu.e2e.node import remove_cgroup_tree

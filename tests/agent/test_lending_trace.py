@@ -20,7 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spotgpu.core.config import LendingConfig, LendPolicyKind, PredictiveConfig, Seconds, UnguardedPolicy
+from spotgpu.core.config import LendingConfig, LendPolicyKind, PredictiveConfig, UnguardedPolicy
+from spotgpu.core.configfile import Seconds
 from spotgpu.core.lending import Action, Evict, LendRules
 from spotgpu.sim.lending import OwnerAgent
 from spotgpu.testing.fakes import FakeLendStore

@@ -12,7 +12,8 @@ import pytest
 
 from spotgpu.agent.model import build_mapping, real_of_twin, twin_ids
 from spotgpu.core import keys
-from spotgpu.core.config import AgentConfig, ConfigError
+from spotgpu.core.config import AgentConfig
+from spotgpu.core.configfile import ConfigError
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, DeviceID
 from spotgpu.core.refs import PodRef
 from spotgpu.ports.node import AllocatedDevices, GpuDevice

@@ -17,7 +17,8 @@ from spotgpu.agent.evictor import EvictionExecutor, ReturnsInFlight
 from spotgpu.agent.model import LendState
 from spotgpu.agent.ports import ContainerInfo, PodEvent, PodEventType, PodInfo
 from spotgpu.agent.solver import STALE_VIEW
-from spotgpu.core.config import AgentConfig, ConfigError, EvictionConfig, from_mapping
+from spotgpu.core.config import AgentConfig, EvictionConfig
+from spotgpu.core.configfile import ConfigError, from_mapping
 from spotgpu.core.ids import SPOT_GPU_RESOURCE
 from spotgpu.core.refs import PodRef
 from spotgpu.ports.node import PinningTaskPort, RuntimeContainer, TaskStopResult

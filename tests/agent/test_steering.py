@@ -49,7 +49,8 @@ from spotgpu.agent.steer import (
 from spotgpu.cli import main
 from spotgpu.core import keys
 from spotgpu.core.codec import parse_devices_from
-from spotgpu.core.config import AgentConfig, ConfigError
+from spotgpu.core.config import AgentConfig
+from spotgpu.core.configfile import ConfigError
 from spotgpu.core.ids import (
     SPOT_GPU_RESOURCE,
     SPOT_GPU_SHARED_RESOURCE,

@@ -11,16 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spotgpu.core.config import (
-    AgentConfig,
-    ConfigError,
-    Seconds,
-    UtilizationSource,
-    camel,
-    from_mapping,
-    load_yaml_file,
-    parse_duration,
-)
+from spotgpu.core.config import AgentConfig, UtilizationSource
+from spotgpu.core.configfile import ConfigError, Seconds, camel, from_mapping, load_yaml_file, parse_duration
 
 
 @pytest.mark.parametrize(

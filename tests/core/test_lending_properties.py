@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spotgpu.core.config import LendingConfig, LendPolicyKind, PredictiveConfig, Seconds, UnguardedPolicy
+from spotgpu.core.config import LendingConfig, LendPolicyKind, PredictiveConfig, UnguardedPolicy
+from spotgpu.core.configfile import Seconds
 from spotgpu.core.idle_forecast import BINS
 from spotgpu.core.ids import DeviceID
 from spotgpu.core.lending import (

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spotgpu.core.config import ConfigError, read_yaml
+from spotgpu.core.configfile import ConfigError, read_yaml
 
 DOC = "a: 1\nb: [x, 2.5, {c: true}]\nd: null\nwhen: 2020-05-04\n"
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from spotgpu.cli.agent import served
-from spotgpu.core.config import AgentConfig, AgentMode, ConfigError, from_mapping
+from spotgpu.core.config import AgentConfig, AgentMode
+from spotgpu.core.configfile import ConfigError, from_mapping
 
 
 def test_dra_mode_and_its_section_parse() -> None:

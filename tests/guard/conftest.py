@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from spotgpu.core.config import GuardConfig, Seconds
+from spotgpu.core.config import GuardConfig
+from spotgpu.core.configfile import Seconds
 from spotgpu.core.refs import ContainerRef
 from spotgpu.guard.service import GuardService
 from spotgpu.guard.support import probe

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from spotgpu.core.config import GuardConfig, Seconds
+from spotgpu.core.config import GuardConfig
+from spotgpu.core.configfile import Seconds
 from spotgpu.core.refs import ContainerRef
 from spotgpu.guard.service import GuardService
 

@@ -16,7 +16,8 @@ from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.agent.ports import ContainerInfo, PodInfo
 from spotgpu.agent.service import Agent
 from spotgpu.core.clock import ManualClock
-from spotgpu.core.config import AgentConfig, Seconds
+from spotgpu.core.config import AgentConfig
+from spotgpu.core.configfile import Seconds
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, NodeName
 from spotgpu.core.lending import LendState
 from spotgpu.core.refs import ContainerRef

@@ -6,7 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spotgpu.core.config import ConfigError, GuardConfig, from_mapping
+from spotgpu.core.config import GuardConfig
+from spotgpu.core.configfile import ConfigError, from_mapping
 from spotgpu.guard.succession import (
     ExitReason,
     HandingOver,

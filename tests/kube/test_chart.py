@@ -46,7 +46,8 @@ import yaml
 from gotemplate import TemplateError, parse, render_chart
 
 from spotgpu.cli import build_parser
-from spotgpu.core.config import AgentConfig, from_mapping
+from spotgpu.core.config import AgentConfig
+from spotgpu.core.configfile import from_mapping
 from spotgpu.kube import crds
 from spotgpu.kube.metrics import ControllerMetrics
 from spotgpu.nri.config import NriConfig

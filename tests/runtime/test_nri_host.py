@@ -113,7 +113,7 @@ def test_synchronize_counts_guarded_owners() -> None:
     ],
 )
 def test_nri_config_errors_name_the_key(tmp_path: Any, yaml: str, text: str) -> None:
-    from spotgpu.core.config import ConfigError
+    from spotgpu.core.configfile import ConfigError
     from spotgpu.nri.config import load_nri_config
 
     path = tmp_path / "c.yaml"

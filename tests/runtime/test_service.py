@@ -18,7 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spotgpu.core.config import AgentConfig, ConfigError, GuardConfig
+from spotgpu.core.config import AgentConfig, GuardConfig
+from spotgpu.core.configfile import ConfigError
 from spotgpu.core.errors import PermanentError, TemporaryError
 from spotgpu.core.ids import DeviceID
 from spotgpu.core.mapping_cache import IDLE_SPACE, MappingCache

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from spotgpu.core.config import ConfigError, from_mapping
+from spotgpu.core.configfile import ConfigError, from_mapping
 from spotgpu.core.ids import NodeName
 from spotgpu.core.refs import PodRef
 from spotgpu.core.registry import RegistryError

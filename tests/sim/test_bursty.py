@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spotgpu.core.config import ConfigError, from_mapping
+from spotgpu.core.configfile import ConfigError, from_mapping
 from spotgpu.sim.runner import simulate
 from spotgpu.sim.scenario import build_workload, scenario_argument, scenario_summary
 from spotgpu.sim.workloads import OWNER_SOURCES, OwnerRequest, OwnerTrace

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spotgpu.core.config import ConfigError
+from spotgpu.core.configfile import ConfigError
 from spotgpu.sim import defaults
 from spotgpu.sim.latency import Latencies, Latency, quantiles_from_result
 from spotgpu.sim.metrics import percentile

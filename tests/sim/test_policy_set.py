@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from spotgpu.cli import main
-from spotgpu.core.config import AgentConfig, ConfigError, parse_duration
+from spotgpu.core.config import AgentConfig
+from spotgpu.core.configfile import ConfigError, parse_duration
 from spotgpu.core.ids import NodeName
 from spotgpu.core.lending import LendRules
 from spotgpu.scheduler.model import Node, parse_node_annotations

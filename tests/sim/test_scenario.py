@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from spotgpu.core.config import ConfigError
+from spotgpu.core.configfile import ConfigError
 from spotgpu.core.types import NodeStrategy, SpotPriority
 from spotgpu.sim import defaults
 from spotgpu.sim.scenario import (

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from spotgpu.core.config import ConfigError
+from spotgpu.core.configfile import ConfigError
 from spotgpu.core.lending import LendState, node_forecasts
 from spotgpu.scheduler import CycleResult, SchedulerConfig, Snapshot
 from spotgpu.scheduler.model import IdleForecast

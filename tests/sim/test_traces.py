@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spotgpu.cli import main
-from spotgpu.core.config import ConfigError
+from spotgpu.core.configfile import ConfigError
 from spotgpu.sim.scenario import build_workload, load_scenario
 from spotgpu.sim.workloads.base import WorkloadError, csv_rows
 from spotgpu.sim.workloads.elasticflow import _parse as parse_elasticflow

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spotgpu.core.config import ConfigError, from_mapping
+from spotgpu.core.configfile import ConfigError, from_mapping
 from spotgpu.core.types import SpotPriority
 from spotgpu.sim import excerpts
 from spotgpu.sim.workloads import JOB_SOURCES, OWNER_SOURCES, JobRequest, OwnerRequest, PriorityRule, TraceJob

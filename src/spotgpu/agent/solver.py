@@ -38,17 +38,16 @@ Eviction (owner back, coverage lost, or a violation), in this order:
    owner waits for clean GPUs, not for the API server, and by step 1 nothing can put spot
    work back on them.
 
-Concurrency: one lock guards the state; a state transition (``lent`` -> ``evicting``) happens
-exactly once under it, so a guard signal and a detection poll racing for the same owner produce
-one eviction. Evictions run outside the lock, so one owner's eviction never delays another
+Concurrency: one lock guards the state; ``lent`` -> ``evicting`` happens once under it (a guard
+signal and a poll racing produce one eviction). Evictions run outside the lock, so one owner's eviction never delays another
 owner's guard signal. An owner's return takes the lock only for short sections with no I/O
 (the transition, planning from the fresh read); its release takes none. :attr:`Solver.returns`
 counts the owner returns from their guard signal until their eviction is complete (pods
 deleted): the agent's detection waits while one is in flight (``agent.eviction.deferDetection``),
 so it neither competes with the eviction nor with the released owner's first steps, and it
-reads the node only after the evicted pods are gone. Before a return, every refresh hands the
-evictor the spot containers on lent GPUs (:meth:`~spotgpu.agent.evictor.Evictor.prepare`: their
-processes are pinned). Every step is logged with the owner and the devices.
+reads the node only after the evicted pods are gone. Every refresh hands the evictor the spot
+containers on lent GPUs to pin (:meth:`~spotgpu.agent.evictor.Evictor.prepare`). Every step is
+logged with the owner and the devices.
 """
 
 from __future__ import annotations

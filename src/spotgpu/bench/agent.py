@@ -75,7 +75,8 @@ from spotgpu.agent.ports import ContainerInfo, OwnerBackHandler, PodInfo
 from spotgpu.agent.service import Agent
 from spotgpu.bench import env
 from spotgpu.core import keys
-from spotgpu.core.config import AgentConfig, EvictionConfig, Seconds
+from spotgpu.core.config import AgentConfig, EvictionConfig
+from spotgpu.core.configfile import Seconds
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, DeviceID, NodeName, to_spot_id
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.ports.node import AllocatedDevices, TaskPort

@@ -18,7 +18,8 @@ import signal
 from pathlib import Path
 from types import FrameType
 
-from spotgpu.core.config import ConfigError, GuardConfig, load_yaml_file
+from spotgpu.core.config import GuardConfig
+from spotgpu.core.configfile import ConfigError, load_yaml_file
 
 log = logging.getLogger("spotgpu.guard.holder")
 

@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spotgpu.core.config import ConfigError, load_yaml_file
+    from spotgpu.core.configfile import ConfigError, load_yaml_file
     from spotgpu.core.ids import validate_resource_name
     from spotgpu.kube.apply import ApplyConfig, EvictionMode
     from spotgpu.kube.client import connect_from_args

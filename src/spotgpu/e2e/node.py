@@ -52,7 +52,8 @@ import yaml
 from spotgpu.adapters.proto import containerd_tasks_pb2 as tpb
 from spotgpu.adapters.proto import containerd_tasks_pb2_grpc as tpb_grpc
 from spotgpu.core import keys
-from spotgpu.core.config import AgentConfig, load_yaml_file
+from spotgpu.core.config import AgentConfig
+from spotgpu.core.configfile import load_yaml_file
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.e2e.client import build_client

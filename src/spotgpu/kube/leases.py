@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from spotgpu.core import keys
-from spotgpu.core.config import parse_duration
+from spotgpu.core.configfile import parse_duration
 from spotgpu.core.errors import ValidationError
 from spotgpu.core.ids import DeviceID, from_spot_id
 from spotgpu.kube.resources import ObjectError

@@ -31,7 +31,7 @@ from typing import Any, Final
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 
 from spotgpu.core import keys
-from spotgpu.core.config import parse_duration
+from spotgpu.core.configfile import parse_duration
 from spotgpu.core.errors import ValidationError
 from spotgpu.core.types import GPU_MILLI, QueueType, SpotPriority
 from spotgpu.kube.template_check import template_refusals

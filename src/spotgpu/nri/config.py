@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Final
 
-from spotgpu.core.config import ConfigError, Seconds, load_yaml_file
+from spotgpu.core.configfile import ConfigError, Seconds, load_yaml_file
 
 DEFAULT_SOCKET: Final = Path("/var/run/nri/nri.sock")
 _INDEX: Final = re.compile(r"[0-9]{2}")
@@ -29,7 +29,7 @@ class NriConfig:
     plugin_name: str = "spotgpu"
     plugin_index: str = "50"
     """Two digits; plugins are called in ascending order (later ones see our adjustment)."""
-    call_timeout: Seconds = Seconds(5.0)  # noqa: RUF009 (NewType: the identity function)
+    call_timeout: Seconds = Seconds(5.0)
     """How long registration may take."""
 
     def __post_init__(self) -> None:

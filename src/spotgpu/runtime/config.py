@@ -17,7 +17,8 @@ import re
 from pathlib import Path
 from typing import Final, Literal
 
-from spotgpu.core.config import AgentConfig, ConfigError, Seconds, load_yaml_file
+from spotgpu.core.config import AgentConfig
+from spotgpu.core.configfile import ConfigError, Seconds, load_yaml_file
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, ResourceName, validate_resource_name
 from spotgpu.core.refs import PodRef, RefError
 
@@ -55,7 +56,7 @@ class RuntimeConfig:
     or ``crun``; a name looked up on ``PATH`` at install time, or an absolute path."""
     agent_socket: Path = Path("/run/spotgpu/agent.sock")
     """The agent's runtime service (host path; the agent mounts its directory at the same path)."""
-    agent_timeout: Seconds = Seconds(10.0)  # noqa: RUF009 (NewType: the identity function)
+    agent_timeout: Seconds = Seconds(10.0)
     """How long one ``create`` waits for the agent before failing (the kubelet retries)."""
     fallback: Literal["none", "local"] = "none"
     """When the agent is unreachable: ``none`` fails a sync; ``local`` runs the modifier chain
@@ -75,7 +76,7 @@ class RuntimeConfig:
     ``probeDevicePlugins``) each socket's ListAndWatch device list."""
     probe_device_plugins: bool = True
     pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-    kubelet_timeout: Seconds = Seconds(5.0)  # noqa: RUF009
+    kubelet_timeout: Seconds = Seconds(5.0)
     owner_state_file: Path = Path("/run/spotgpu/owners.json")
     """The agent's owner record for ``fallback: local`` (written atomically by the agent)."""
     modifiers: tuple[str, ...] = DEFAULT_MODIFIERS

@@ -22,7 +22,7 @@ from enum import StrEnum
 from typing import Final
 
 from spotgpu.core import keys
-from spotgpu.core.config import ConfigError, Seconds
+from spotgpu.core.configfile import ConfigError, Seconds
 from spotgpu.core.refs import ContainerRef, RefError
 from spotgpu.core.types import VictimWeights
 

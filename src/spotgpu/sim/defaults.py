@@ -45,7 +45,8 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
-from spotgpu.core.config import AgentConfig, GuardConfig, Seconds
+from spotgpu.core.config import AgentConfig, GuardConfig
+from spotgpu.core.configfile import Seconds
 
 
 class Measured(NamedTuple):

@@ -24,7 +24,7 @@ import random
 from collections.abc import Mapping
 from typing import Final
 
-from spotgpu.core.config import ConfigError, Seconds, camel, parse_duration
+from spotgpu.core.configfile import ConfigError, Seconds, camel, parse_duration
 from spotgpu.sim import defaults
 
 

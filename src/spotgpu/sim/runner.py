@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from spotgpu import __version__
-from spotgpu.core.config import ConfigError
+from spotgpu.core.configfile import ConfigError
 from spotgpu.core.types import NodeStrategy
 from spotgpu.sim.inputs import LATENCY_MODEL
 from spotgpu.sim.metrics import share_of_best, useful_gain_gpu_hours

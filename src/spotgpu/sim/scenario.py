@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from spotgpu.core.config import ConfigError, LendPolicyKind, PredictiveConfig, Seconds, from_mapping, read_yaml
+from spotgpu.core.config import LendPolicyKind, PredictiveConfig
+from spotgpu.core.configfile import ConfigError, Seconds, from_mapping, read_yaml
 from spotgpu.core.types import NodeStrategy, SpotPriority
 from spotgpu.scheduler.config import SchedulerConfig
 from spotgpu.sim import defaults

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from spotgpu.core.config import ConfigError, camel
+from spotgpu.core.configfile import ConfigError, camel
 from spotgpu.core.errors import ValidationError
 from spotgpu.core.registry import Registry
 from spotgpu.core.types import SpotPriority

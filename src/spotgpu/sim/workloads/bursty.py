@@ -28,7 +28,7 @@ import dataclasses
 import random
 from typing import Final, Literal
 
-from spotgpu.core.config import ConfigError, Seconds, camel
+from spotgpu.core.configfile import ConfigError, Seconds, camel
 from spotgpu.sim.workloads.base import OWNER_SOURCES, OwnerRequest, OwnerTrace, check_work_week, merge_intervals
 
 NAME: Final = "bursty"

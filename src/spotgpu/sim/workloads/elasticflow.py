@@ -32,7 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Final, NamedTuple
 
-from spotgpu.core.config import ConfigError, Seconds
+from spotgpu.core.configfile import ConfigError, Seconds
 from spotgpu.sim.workloads.base import (
     EMBEDDED,
     JOB_SOURCES,

@@ -37,7 +37,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Final
 
-from spotgpu.core.config import ConfigError, Seconds
+from spotgpu.core.configfile import ConfigError, Seconds
 from spotgpu.sim.workloads.base import (
     EMBEDDED,
     OWNER_SOURCES,

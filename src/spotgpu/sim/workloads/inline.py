@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Final
 
-from spotgpu.core.config import ConfigError, Seconds
+from spotgpu.core.configfile import ConfigError, Seconds
 from spotgpu.core.types import SpotPriority
 from spotgpu.sim.workloads.base import (
     JOB_SOURCES,

@@ -21,7 +21,7 @@ import dataclasses
 import hashlib
 from typing import Final, Literal
 
-from spotgpu.core.config import ConfigError, Seconds
+from spotgpu.core.configfile import ConfigError, Seconds
 from spotgpu.sim.workloads.base import TraceJob
 
 _NONE: Final = Seconds(0.0)

@@ -22,7 +22,7 @@ import dataclasses
 import hashlib
 from typing import Final, Literal
 
-from spotgpu.core.config import ConfigError, Seconds
+from spotgpu.core.configfile import ConfigError, Seconds
 from spotgpu.core.types import SpotPriority
 from spotgpu.sim.workloads.base import TraceJob
 
