@@ -426,3 +426,25 @@ def test_the_agent_node_policy(
     spec_change["spec"]["unschedulable"] = True
     if user["username"] == AGENT and not denied:
         assert admit(policy, {**request, "object": spec_change})
+
+
+def test_only_spotgpus_own_pods_may_tolerate_a_missing_nri_plugin(metadata_policy: dict[str, Any]) -> None:
+    """Attack: a tenant's pod carrying containerd's NRI toleration annotation would be created
+    unchecked (device selectors untouched, no guard rule) whenever the agent is down."""
+    for key in (keys.NRI_TOLERATE_MISSING_PLUGIN, f"{keys.NRI_TOLERATE_MISSING_PLUGIN}/container.main"):
+        tenant = in_namespace(pod({key: "true"}), "team-b")
+        assert admit(metadata_policy, create(tenant))
+        assert admit(metadata_policy, create(tenant, SCHEDULER))
+        assert admit(metadata_policy, update(in_namespace(pod(), "team-b"), tenant))
+    own = in_namespace(pod({keys.NRI_TOLERATE_MISSING_PLUGIN: "true"}), "spotgpu-system")
+    assert admit(metadata_policy, create(own)) == []  # the agent and holder DaemonSets' pods
+
+
+def test_in_nri_mode_the_agent_and_holder_pods_tolerate_a_missing_nri_plugin() -> None:
+    nri = documents(render_chart(CHART, {"agent": {"runtime": {"mode": "nri"}}}))
+    wrapper = documents(render_chart(CHART, {}))
+    for name in ("-agent", "-guard-holder"):
+        annotations = one(nri, "DaemonSet", name)["spec"]["template"]["metadata"]["annotations"]
+        assert annotations[keys.NRI_TOLERATE_MISSING_PLUGIN] == "true"
+        plain = one(wrapper, "DaemonSet", name)["spec"]["template"]["metadata"]["annotations"]
+        assert keys.NRI_TOLERATE_MISSING_PLUGIN not in plain

@@ -39,8 +39,8 @@ Eviction (owner back, coverage lost, or a violation), in this order:
    work back on them.
 
 Concurrency: one lock guards the state; ``lent`` -> ``evicting`` happens once under it (a guard
-signal and a poll racing produce one eviction). Evictions run outside the lock, so one owner's eviction never delays another
-owner's guard signal. An owner's return takes the lock only for short sections with no I/O
+signal and a poll racing produce one eviction). Evictions run outside the lock: one owner's
+eviction never delays another owner's guard signal. An owner's return takes the lock only for short sections with no I/O
 (the transition, planning from the fresh read); its release takes none. :attr:`Solver.returns`
 counts the owner returns from their guard signal until their eviction is complete (pods
 deleted): the agent's detection waits while one is in flight (``agent.eviction.deferDetection``),
@@ -99,9 +99,8 @@ from spotgpu.util.priority import normal_priority
 log = logging.getLogger(__name__)
 
 STALE_VIEW = 5.0
-"""Seconds after an eviction verified its spot containers stopped during which a refresh that
-still sees them as users (its pod-resources read came before the pods' deletion) does not
-evict them again. A container it does not know stopped (a new one) is evicted at once."""
+"""Seconds after an eviction verified its spot containers stopped in which a refresh still seeing
+them (read before the pods' deletion) does not evict them again; a new container is evicted."""
 
 
 @dataclass
