@@ -39,7 +39,8 @@ def test_the_chart_ships_the_default() -> None:
 
 def test_the_fast_path_markers_follow_the_list() -> None:
     nvidia = RuntimeConfig(lower_runtime="/usr/bin/nvidia-container-runtime")
-    assert nvidia.env_markers == tuple(f'"{name}=' for name in DEFAULT_DENIED_ENV)
+    # and a legacy CUDA image's marker: without NVIDIA_VISIBLE_DEVICES it would select every GPU
+    assert nvidia.env_markers == (*(f'"{name}=' for name in DEFAULT_DENIED_ENV), '"CUDA_VERSION=')
     assert RuntimeConfig(lower_runtime="runc").env_markers == ()  # runc turns no env into devices
     extra = RuntimeConfig(lower_runtime="runc", env_selects_devices=True, denied_env=("DOCKER_RESOURCE_GPU",))
     assert extra.env_markers == ('"DOCKER_RESOURCE_GPU=',)
