@@ -162,19 +162,25 @@ def test_an_fd_passed_over_a_unix_socket_is_found_in_the_receiver(pods: Pods, tm
     assert receiver.wait(5) == -9
 
 
-def test_every_process_of_a_victim_pod_dies_but_its_sandbox(pods: Pods) -> None:
-    victim, sandbox, sidecar = _uid(), "f" * 64, "9" * 64
-    pause = pods.run(victim, sandbox, "exec sleep 86401")
-    side = pods.run(victim, sidecar, "exec sleep 86401")  # a native sidecar nobody listed, no GPU
+def test_a_holder_in_any_container_of_a_victim_pod_dies_and_its_other_processes_are_not_waited_for(
+    pods: Pods,
+) -> None:
+    """A native sidecar nobody listed that received the spot container's GPU fd dies with the
+    release check; the pod's sandbox and a sidecar holding nothing are left to the pod's deletion
+    (killing them would only delay the owner)."""
+    victim = _uid()
+    pause = pods.run(victim, "f" * 64, "exec sleep 86401")
+    idle = pods.run(victim, "8" * 64, "exec sleep 86401")
+    holder = pods.holder(victim, "9" * 64)  # e.g. got the fd by SCM_RIGHTS
+    assert _holds(holder.pid, pods.gpu)
     gpu = device_file(str(pods.gpu))
     assert gpu is not None
     scope = ReleaseScope(
-        owner_pods=frozenset({_uid()}), victim_pods=frozenset({victim}), sandboxes=frozenset({sandbox}),
-        known_pods=frozenset({victim}),
-    )  # fmt: skip
+        owner_pods=frozenset({_uid()}), victim_pods=frozenset({victim}), known_pods=frozenset({victim})
+    )
     report = _checker(pods, gpu).clear([GPU], scope, time.monotonic() + 10)
     assert report.killed == {Verdict.VICTIM_POD: 1} and report.clean
-    assert side.wait(5) == -9 and pause.poll() is None
+    assert holder.wait(5) == -9 and pause.poll() is None and idle.poll() is None
 
 
 def test_with_the_owner_unknown_no_gpu_holder_is_killed(pods: Pods) -> None:

@@ -53,7 +53,7 @@ def test_the_scope_names_the_owner_the_victims_and_the_pods_that_hold_other_gpus
     plan = _plan()
     scope = plan.scope  # type: ignore[attr-defined]
     assert scope.owner_pods == {"uid-devbox"} and scope.owner_containers == {"o" * 64}
-    assert scope.victim_pods == {"uid-job-1"} and scope.sandboxes == {"s" * 64}
+    assert scope.victim_pods == {"uid-job-1"}
     assert scope.gpu_pods == {"uid-trainer", "uid-job-2"}  # another owner, a spot pod of a GPU still lent
     assert "uid-cpu-pod" in scope.known_pods and "uid-cpu-pod" not in scope.gpu_pods
     assert scope.exempt_pods == frozenset()

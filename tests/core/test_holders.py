@@ -16,7 +16,6 @@ SCOPES = st.builds(
     owner_pods=UID_SETS,
     owner_containers=CID_SETS,
     victim_pods=UID_SETS,
-    sandboxes=CID_SETS,
     gpu_pods=UID_SETS,
     known_pods=UID_SETS,
     exempt_pods=UID_SETS,
@@ -37,13 +36,13 @@ def test_the_owners_exempt_pods_and_host_processes_are_never_condemned(process: 
 
 
 @given(HOLDINGS, SCOPES)
-def test_every_process_of_a_victim_pod_but_its_sandbox_dies(process: Holding, scope: ReleaseScope) -> None:
+def test_every_holder_in_a_victim_pod_dies_whatever_its_container(process: Holding, scope: ReleaseScope) -> None:
     if judge(process, scope) is None and process.pod_uid in scope.victim_pods:
-        # spared: the owner's, exempt, or the sandbox holding nothing of the owner's GPUs
+        # spared: the owner's, exempt, or holding nothing (left to the pod's deletion)
         assert (
             process.pod_uid in scope.owner_pods | scope.exempt_pods
             or process.container_id in scope.owner_containers
-            or (process.container_id in scope.sandboxes and not (process.gpu and scope.owner_known))
+            or not (process.gpu or process.control)
         )
 
 
@@ -63,7 +62,7 @@ def test_with_the_owner_unknown_no_gpu_holder_is_condemned_for_what_it_holds(
 ) -> None:
     unknown = ReleaseScope(
         victim_pods=scope.victim_pods, gpu_pods=scope.gpu_pods, known_pods=scope.known_pods,
-        exempt_pods=scope.exempt_pods, sandboxes=scope.sandboxes,
+        exempt_pods=scope.exempt_pods,
     )  # fmt: skip
     assert judge(process, unknown) is not Verdict.FOREIGN_GPU_HOLDER
 

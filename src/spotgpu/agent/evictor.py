@@ -19,9 +19,9 @@ waits; the rest on the calling thread:
    are remembered and stopped again by :meth:`retry_pending`; victims still unverified are
    swept off the plan's GPUs;
 4. the release check (:class:`~spotgpu.ports.node.ReleaseCheck`, :mod:`spotgpu.core.holders`):
-   every process left of a victim pod (init containers, native sidecars, ephemeral containers,
-   containers nobody listed) and every other process holding the owner's GPU nodes, or a shared
-   control node without holding a GPU, is killed and verified gone, found by what it holds;
+   every process outside the owner's pod holding its GPU nodes (in a victim pod's unlisted
+   container or any other pod), or a shared control node without holding a GPU, is killed and
+   verified gone, found by what it holds;
    then the MappingCache forgets the victims and ``release()`` is called: the owner's held call
    may proceed now, on clean GPUs (``release`` is called exactly once, also when a step fails);
 5. on the calling thread, at normal priority (:func:`~spotgpu.util.priority.normal_priority`):
@@ -310,7 +310,7 @@ class Evictor:
 
     def _clear_holders(self, plan: EvictionPlan, settings: EvictionSettings) -> ReleaseReport | None:
         """Step 4a, the release invariant: no process but the owner's holds its GPUs now (every
-        process of a victim pod, and any stranger holding the devices, killed and verified)."""
+        other holder, in a victim pod or elsewhere, killed and verified)."""
         if self.release_check is None:
             return None
         try:

@@ -261,7 +261,7 @@ def release_scope(  # noqa: PLR0917 -- the plan's inputs, in plan_eviction's ord
 ) -> ReleaseScope:
     """Who may hold ``devices`` when ``owner`` is released (:mod:`spotgpu.core.holders`): the
     pods pod-resources says hold them (the owner's), pods holding other GPUs of the node (the
-    shared control nodes), the victims (every process of theirs dies, their sandboxes aside).
+    shared control nodes), the victims (a holder of theirs dies in whatever container it runs).
     ``users_allowed`` (the holder watch, between returns): the devices' spot users hold them by
     right (they are lent now)."""
     uids = {ref: info.uid for ref, info in pods.items() if info.uid}
@@ -278,18 +278,10 @@ def release_scope(  # noqa: PLR0917 -- the plan's inputs, in plan_eviction's ord
         owner_refs.add(owner.pod_ref)
     victim_refs = {v.pod for v in victims}
     owner_cids = {cid for ref in owner_refs for cid in victim_container_ids(ref, pods.get(ref), runtime)}
-    victim_keys = {(v.pod.namespace, v.pod.name) for v in victims}
-    sandboxes = {
-        c.id
-        for c in runtime
-        if c.labels.get(keys.LABEL_CRI_KIND) == keys.CRI_TYPE_SANDBOX
-        and (c.labels.get(keys.LABEL_POD_NAMESPACE), c.labels.get(keys.LABEL_POD_NAME)) in victim_keys
-    }
     return ReleaseScope(
         owner_pods=frozenset(uids[r] for r in owner_refs if r in uids),
         owner_containers=frozenset(owner_cids),
         victim_pods=frozenset(uids[r] for r in victim_refs if r in uids),
-        sandboxes=frozenset(sandboxes),
         gpu_pods=frozenset(uids[r] for r in gpu_refs - victim_refs if r in uids),
         known_pods=frozenset(uids.values()),
         exempt_pods=frozenset(uid for ref, uid in uids.items() if ref.namespace in set(exempt_namespaces)),

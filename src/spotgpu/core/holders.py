@@ -9,9 +9,13 @@ or the kubelet thinks they belong to, and this module judges each one.
 A process is judged by its cgroup (the pod UID and container ID the cgroup path names) and by
 what it holds (:class:`Holding`):
 
-* **victim pod**: every process of a pod being evicted dies, whatever it holds (init containers,
-  native sidecars, ephemeral containers and containers nobody listed yet included); only the
-  pod's sandbox (``pause``, which never holds a device) is left to the kubelet's deletion;
+* **victim pod**: a process of a pod being evicted that holds the owner's GPU nodes or a control
+  node dies, in whatever container it runs (init containers, native sidecars, ephemeral
+  containers and containers nobody listed yet included: the containers the API and containerd
+  know were stopped before through containerd, the rest go with the pod's deletion). A victim
+  pod's process that holds nothing is not waited for: killing it (the sandbox's ``pause``
+  among them) would only delay the owner, and what it might still receive is the holder
+  watch's (:mod:`spotgpu.agent.holderwatch`);
 * **foreign GPU holder**: a process holding a device node of the owner's GPUs must be in a pod
   allocated those GPUs (the owner's own pod, as pod-resources says) or in an exempt pod;
 * **foreign control holder**: a process holding a shared control node (``nvidiactl``,
@@ -68,8 +72,6 @@ class ReleaseScope:
     """Container IDs of the owner (for a pod whose UID the agent does not know)."""
     victim_pods: frozenset[str] = frozenset()
     """UIDs of the spot pods being evicted."""
-    sandboxes: frozenset[str] = frozenset()
-    """Container IDs of pod sandboxes (never killed as part of a victim pod)."""
     gpu_pods: frozenset[str] = frozenset()
     """UIDs of the pods holding any GPU (real or a twin) on this node after the return."""
     known_pods: frozenset[str] = frozenset()
@@ -104,7 +106,7 @@ def judge(process: Holding, scope: ReleaseScope) -> Verdict | None:
         return None
     if scope.only_known and uid not in scope.known_pods:
         return None
-    if uid in scope.victim_pods and process.container_id not in scope.sandboxes:
+    if uid in scope.victim_pods and (process.gpu or process.control):
         return Verdict.VICTIM_POD
     if process.gpu and scope.owner_known:
         return Verdict.FOREIGN_GPU_HOLDER
