@@ -22,13 +22,13 @@ import pytest
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.adapters.containerd import ContainerdTasks
 from spotgpu.adapters.devnode_gpu import DeviceNode, DeviceNodeBackend
-from spotgpu.agent.model import LendState
 from spotgpu.agent.ports import PodInfo
 from spotgpu.agent.service import Agent
 from spotgpu.core.clock import ManualClock
 from spotgpu.core.config import AgentConfig
 from spotgpu.core.configfile import Seconds
 from spotgpu.core.ids import DeviceID
+from spotgpu.core.lending import LendState
 from spotgpu.core.refs import PodRef
 from spotgpu.e2e.node import remove_cgroup_tree
 from spotgpu.ports.node import TaskState, TaskStopResult

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from spotgpu.adapters.kubelet import PodResourcesView
+from spotgpu.core.allocations import AllocatedDevices
 from spotgpu.core.errors import TemporaryError
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, DeviceID
 from spotgpu.core.refs import PodRef
-from spotgpu.ports.node import AllocatedDevices
-from spotgpu.testing.kubelet import ContainerDevices, ContainerResources, PodResources, PodResourcesDouble
+from spotgpu.testing.podresources import ContainerDevices, ContainerResources, PodResources, PodResourcesDouble
 
 
 def twins(*ids: str) -> ContainerDevices:

@@ -10,14 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spotgpu.adapters.procattr import (
-    ContainerRefPoint,
-    ProcessAttributor,
-    cgroup_lines,
-    parse_cgroup,
-    pid_namespace,
-    read_cgroup,
-)
+from spotgpu.adapters.procattr import ContainerRefPoint, ProcessAttributor, parse_cgroup, pid_namespace, read_cgroup
+from spotgpu.util.cgroupfile import cgroup_lines
 
 CID = "0123456789abcdef" * 4
 UID = "6b5e4c1a-2f3d-4e5f-8a9b-0c1d2e3f4a5b"

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from spotgpu.agent.model import build_mapping, real_of_twin, twin_ids
+from spotgpu.agent.model import build_mapping, twin_ids
 from spotgpu.core import keys
+from spotgpu.core.allocations import AllocatedDevices
 from spotgpu.core.config import AgentConfig
 from spotgpu.core.configfile import ConfigError
-from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, DeviceID
+from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, DeviceID, real_of_twin
 from spotgpu.core.refs import PodRef
-from spotgpu.ports.node import AllocatedDevices, GpuDevice
+from spotgpu.ports.node import GpuDevice
 from spotgpu.testing.fakes import fake_devices
 from spotgpu.testing.kubelet import KubeletDouble
 

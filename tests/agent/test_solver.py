@@ -11,9 +11,9 @@ import json
 import threading
 from pathlib import Path
 
-from spotgpu.agent.model import LendState
 from spotgpu.core import keys
 from spotgpu.core.config import LendingConfig, UnguardedPolicy
+from spotgpu.core.lending import LendState
 from spotgpu.core.refs import PodRef
 from spotgpu.core.types import EvictionReason, Health
 from spotgpu.testing.fakes import FakeGuard

@@ -27,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spotgpu.adapters.deviceplugin import DevicePluginServer
-from spotgpu.agent.model import AllocateRefused, allocate_annotations, real_of_twin
+from spotgpu.agent.model import AllocateRefused, allocate_annotations
 from spotgpu.agent.ports import ContainerInfo, PodInfo
 from spotgpu.agent.steer import (
     AssignmentError,
@@ -48,6 +48,7 @@ from spotgpu.agent.steer import (
 )
 from spotgpu.cli import main
 from spotgpu.core import keys
+from spotgpu.core.allocations import AllocatedDevices
 from spotgpu.core.codec import parse_devices_from
 from spotgpu.core.config import AgentConfig
 from spotgpu.core.configfile import ConfigError
@@ -57,13 +58,14 @@ from spotgpu.core.ids import (
     DeviceID,
     NodeName,
     ResourceName,
+    real_of_twin,
     to_spot_id,
 )
 from spotgpu.core.mapping_cache import IDLE_SPACE, Owner
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health
 from spotgpu.kube.snapshot import build_snapshot
-from spotgpu.ports.node import AllocatedDevices, GpuDevice
+from spotgpu.ports.node import GpuDevice
 from spotgpu.testing.kubelet import AdmissionError, KubeletDouble
 
 from .helpers import NODE, OWNER, Rig, make_rig

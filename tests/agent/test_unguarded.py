@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spotgpu.agent.model import LendState
 from spotgpu.core import keys
 from spotgpu.core.config import LendingConfig, UnguardedPolicy
+from spotgpu.core.lending import LendState
 from spotgpu.core.types import EvictionReason, Health
 from spotgpu.testing.fakes import FakeGuard, FakeLendStore
 

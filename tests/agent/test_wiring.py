@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
-from spotgpu.agent.model import LendState
 from spotgpu.agent.service import Agent
 from spotgpu.cli.agent import guard_factory
 from spotgpu.core.config import AgentConfig, GuardConfig
 from spotgpu.core.configfile import ConfigError
 from spotgpu.core.ids import DeviceID
+from spotgpu.core.lending import LendState
 from spotgpu.core.mapping_cache import MappingSnapshot
 from spotgpu.core.refs import PodRef
 from spotgpu.runtime import protocol

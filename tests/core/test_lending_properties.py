@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from spotgpu.core.config import LendingConfig, LendPolicyKind, PredictiveConfig, UnguardedPolicy
 from spotgpu.core.configfile import Seconds
-from spotgpu.core.idle_forecast import BINS
+from spotgpu.core.idle_forecast import BINS, Refusal
 from spotgpu.core.ids import DeviceID
 from spotgpu.core.lending import (
     ActivitySample,
@@ -29,7 +29,6 @@ from spotgpu.core.lending import (
     OwnerLending,
     Publish,
     Recovered,
-    Refusal,
     Sample,
     Violation,
     new_owner,

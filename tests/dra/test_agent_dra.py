@@ -15,11 +15,11 @@ from tests.agent.helpers import NODE, OWNER, Rig, make_rig
 from tests.dra.helpers import claim
 
 from spotgpu.agent.build import build_agent
-from spotgpu.agent.model import LendState
 from spotgpu.agent.service import Agent
 from spotgpu.core.config import AgentConfig, AgentMode, DraConfig
 from spotgpu.core.errors import PermanentError
 from spotgpu.core.ids import DeviceID, ResourceName
+from spotgpu.core.lending import LendState
 from spotgpu.dra.host import DraHost
 from spotgpu.dra.slices import NOT_LENDABLE_TAINT, OWNER_RETURNED_TAINT, device_name
 from spotgpu.kube.client import connect

@@ -235,7 +235,7 @@ def test_delete_mode_and_disruption_budgets(api: KubeApiServer, conn: Connection
     from spotgpu.core.types import EvictionReason
     from spotgpu.kube.apply import Applier
     from spotgpu.kube.client import TooManyRequests
-    from spotgpu.scheduler.model import Evict
+    from spotgpu.scheduler.decisions import Evict
 
     api.put(pod("a", "g", "platform/spot-gpu", 1))
     api.put(pod("b", "g", "platform/spot-gpu", 1))
@@ -309,7 +309,7 @@ def test_a_bind_lost_to_another_node_fails_and_a_lost_answer_succeeds(api: KubeA
     from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, DeviceID, NodeName
     from spotgpu.core.refs import PodRef
     from spotgpu.kube.apply import Applier
-    from spotgpu.scheduler.model import Bind
+    from spotgpu.scheduler.decisions import Bind
 
     api.put(pod("a", "g", "nvidia.com/gpu", 1))
     api.put(pod("b", "g", "nvidia.com/gpu", 1))

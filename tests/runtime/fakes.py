@@ -32,7 +32,7 @@ from spotgpu.ports.lookup import (
 from spotgpu.runtime.config import RuntimeConfig
 from spotgpu.runtime.engine import SpecEngine
 from spotgpu.runtime.modifiers import GuardFunctions
-from spotgpu.testing.kubelet import ContainerDevices, ContainerResources, PodResources
+from spotgpu.testing.podresources import ContainerDevices, ContainerResources, PodResources
 
 GPU = ResourceName("nvidia.com/gpu")
 SPOT = ResourceName("platform/spot-gpu")

@@ -33,8 +33,9 @@ from spotgpu.runtime.node import KubeletNodeLookup, LinuxHost
 from spotgpu.runtime.service import RuntimeService
 from spotgpu.runtime.shim import install_shim
 from spotgpu.testing.containerd import make_bundle, make_rootfs
-from spotgpu.testing.kubelet import PodResources, PodResourcesDouble, VendorDevice, VendorPluginDouble
 from spotgpu.testing.listener import RecordingListener as GuardListener
+from spotgpu.testing.podresources import PodResources, PodResourcesDouble
+from spotgpu.testing.vendorplugin import VendorDevice, VendorPluginDouble
 
 from .fakes import cri, devices_from, kubelet_pods
 

@@ -23,12 +23,8 @@ from spotgpu.ports.lookup import ContainerAssignment, DeviceGroup, DeviceNodeSpe
 from spotgpu.runtime.config import RuntimeConfig
 from spotgpu.runtime.engine import SpecEngine
 from spotgpu.runtime.node import KubeletNodeLookup, LinuxHost
-from spotgpu.testing.kubelet import (
-    ContainerDevices,
-    PodResourcesDouble,
-    VendorDevice,
-    VendorPluginDouble,
-)
+from spotgpu.testing.podresources import ContainerDevices, PodResourcesDouble
+from spotgpu.testing.vendorplugin import VendorDevice, VendorPluginDouble
 
 from .fakes import OWNER, SPOT_CTR, cri, kubelet_pods, make_spec, spot_spec
 

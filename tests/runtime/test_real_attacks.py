@@ -24,7 +24,7 @@ from spotgpu.core.refs import ContainerRef
 from spotgpu.runtime import protocol
 from spotgpu.runtime.config import RuntimeConfig
 from spotgpu.runtime.shim import install_shim
-from spotgpu.testing.kubelet import ContainerDevices, ContainerResources, PodResources
+from spotgpu.testing.podresources import ContainerDevices, ContainerResources, PodResources
 
 from .fakes import cri
 from .realrig import OWNER, SPOT, Rig, real_rig, runc_run, spot_annotations, unique

@@ -15,11 +15,12 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from spotgpu.agent.model import build_mapping, twin_ids
+from spotgpu.core.allocations import AllocatedDevices
 from spotgpu.core.codec import parse_devices_from
 from spotgpu.core.ids import DeviceID, shared_resource_of
 from spotgpu.core.mapping_cache import IDLE_SPACE
 from spotgpu.core.refs import ContainerRef, PodRef
-from spotgpu.ports.node import AllocatedDevices, GpuDevice
+from spotgpu.ports.node import GpuDevice
 from spotgpu.runtime.config import RuntimeConfig
 from spotgpu.runtime.providers import default_providers
 from spotgpu.runtime.sync import (

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from spotgpu.core.types import GPU_MILLI, Health, NodeStrategy, SpotPriority
 from spotgpu.scheduler import Node, Pod, PodGroup, Snapshot, SnapshotError, SpotOutside, run_cycle
-from spotgpu.scheduler.testing import MakeNode, MakePod, MakePodGroup, apply_result
+from spotgpu.scheduler.apply import apply_result
+from spotgpu.scheduler.testing import MakeNode, MakePod, MakePodGroup
 
 from .helpers import bound, gang, snapshot
 from .test_sched_lease import _covers, _free_covering, _nodes, _non_lent_room, lent, node_draw

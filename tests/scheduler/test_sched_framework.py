@@ -13,9 +13,10 @@ from spotgpu.core.registry import RegistryError
 from spotgpu.core.types import DurationPolicy, SpotPriority
 from spotgpu.scheduler import NodeOrder, PodGroupPhase, SchedulerBug, SchedulerConfig, open_session, run_cycle
 from spotgpu.scheduler.framework import PLUGINS, Placement
+from spotgpu.scheduler.mirrors import NodeClass, TaskShape
 from spotgpu.scheduler.plugins.spot import shadow_name
 from spotgpu.scheduler.session import Session
-from spotgpu.scheduler.state import ClusterState, NodeClass, TaskShape
+from spotgpu.scheduler.state import ClusterState
 from spotgpu.scheduler.statement import Statement
 from spotgpu.scheduler.testing import MakeNode, MakePod, MakePodGroup
 

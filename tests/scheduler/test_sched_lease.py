@@ -12,10 +12,11 @@ from spotgpu.core.ids import DeviceID
 from spotgpu.core.refs import ContainerRef
 from spotgpu.core.types import GPU_MILLI, Health, NodeStrategy, SpotPriority
 from spotgpu.scheduler import CycleResult, Node, Snapshot, run_cycle
+from spotgpu.scheduler.apply import apply_result
 from spotgpu.scheduler.rules import Lend
 from spotgpu.scheduler.state import ClusterState
 from spotgpu.scheduler.status import Code
-from spotgpu.scheduler.testing import MakeNode, MakePod, MakePodGroup, apply_result
+from spotgpu.scheduler.testing import MakeNode, MakePod, MakePodGroup
 
 from .helpers import bound, gang, snapshot
 from .test_sched_properties import check_invariants

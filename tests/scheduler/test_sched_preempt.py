@@ -17,7 +17,8 @@ from spotgpu.scheduler import (
     run_cycle,
     select_victims,
 )
-from spotgpu.scheduler.testing import apply_result, gpu_id
+from spotgpu.scheduler.apply import apply_result
+from spotgpu.scheduler.testing import gpu_id
 
 from .helpers import Cluster, bound, evicted_groups, gang, ref
 

@@ -39,8 +39,9 @@ from spotgpu.scheduler import (
     open_session,
     run_cycle,
 )
-from spotgpu.scheduler.state import Lend
-from spotgpu.scheduler.testing import MakeNode, apply_result
+from spotgpu.scheduler.apply import apply_result
+from spotgpu.scheduler.rules import Lend
+from spotgpu.scheduler.testing import MakeNode
 
 from .helpers import QUEUES, Cluster, evicted_groups, gang
 

@@ -21,7 +21,8 @@ from spotgpu.core.ids import NodeName
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import SpotPriority
 from spotgpu.scheduler import Nomination, ShadowPod, Snapshot, open_session, run_cycle, select_victims
-from spotgpu.scheduler.testing import MakeNode, MakePod, MakePodGroup, apply_result, gpu_id
+from spotgpu.scheduler.apply import apply_result
+from spotgpu.scheduler.testing import MakeNode, MakePod, MakePodGroup, gpu_id
 
 from .helpers import QUEUES, Cluster, bound, evicted_groups, gang, ref
 

@@ -9,7 +9,8 @@ from spotgpu.core.ids import NodeName
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health, NodeStrategy, SpotPriority
 from spotgpu.scheduler import SchedulerConfig, ShadowPod, Snapshot, run_cycle
-from spotgpu.scheduler.testing import MakeNode, MakePod, MakePodGroup, apply_result, gpu_id
+from spotgpu.scheduler.apply import apply_result
+from spotgpu.scheduler.testing import MakeNode, MakePod, MakePodGroup, gpu_id
 
 from .helpers import QUEUES, bound, gang, ref, snapshot
 

@@ -13,10 +13,10 @@ from spotgpu.core.refs import ContainerRef
 from spotgpu.core.registry import RegistryError
 from spotgpu.core.types import SpotPriority
 from spotgpu.scheduler import SchedulerConfig, Snapshot, check_config, open_session, run_cycle
+from spotgpu.scheduler.decisions import PodGroupPhase
 from spotgpu.scheduler.framework import PLUGINS, Placement
-from spotgpu.scheduler.model import PodGroupPhase
+from spotgpu.scheduler.mirrors import NodeClass, TaskShape, TaskState
 from spotgpu.scheduler.session import Session
-from spotgpu.scheduler.state import NodeClass, TaskShape, TaskState
 from spotgpu.scheduler.statement import Statement
 from spotgpu.scheduler.status import OK, Code, Status, combine
 from spotgpu.scheduler.testing import MakeNode, MakePod, MakePodGroup, MakeQueue

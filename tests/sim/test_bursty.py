@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spotgpu.core.configfile import ConfigError, from_mapping
+from spotgpu.sim.inputs import scenario_summary
 from spotgpu.sim.runner import simulate
-from spotgpu.sim.scenario import build_workload, scenario_argument, scenario_summary
+from spotgpu.sim.scenario import build_workload, scenario_argument
 from spotgpu.sim.workloads import OWNER_SOURCES, OwnerRequest, OwnerTrace
 from spotgpu.sim.workloads.bursty import BurstyConfig
 

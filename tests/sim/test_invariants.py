@@ -19,11 +19,13 @@ from spotgpu.core.mapping_cache import MappingSnapshot
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import EvictionReason
 from spotgpu.scheduler.config import SchedulerConfig
-from spotgpu.scheduler.model import Bind, CycleResult, DeviceOwner, Evict, Snapshot
+from spotgpu.scheduler.decisions import Bind, CycleResult, DeviceOwner, Evict
+from spotgpu.scheduler.model import Snapshot
 from spotgpu.sim.invariants import InvariantViolation
 from spotgpu.sim.runner import simulate
 from spotgpu.sim.scenario import Scenario, build_workload, parse_scenario
-from spotgpu.sim.simulation import Hooks, Simulation, agent_eviction_plan, real_scheduler
+from spotgpu.sim.simulation import Simulation
+from spotgpu.sim.state import Hooks, agent_eviction_plan, real_scheduler
 
 
 def scenario(

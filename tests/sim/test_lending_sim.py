@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from spotgpu.core.lending import Action, Evict, LendState, Lent, NotLent
 from spotgpu.sim.lending import OwnerAgent
 from spotgpu.sim.scenario import build_workload, parse_scenario
-from spotgpu.sim.simulation import Hooks, Simulation
+from spotgpu.sim.simulation import Simulation
+from spotgpu.sim.state import Hooks
 
 HORIZON = 12 * 3600.0
 SIGNAL = 0.001

@@ -17,6 +17,7 @@ from spotgpu.core.configfile import ConfigError, parse_duration
 from spotgpu.core.ids import NodeName
 from spotgpu.core.lending import LendRules
 from spotgpu.scheduler.model import Node, parse_node_annotations
+from spotgpu.sim.inputs import scenario_summary
 from spotgpu.sim.lending import policy_rules
 from spotgpu.sim.page import render_html
 from spotgpu.sim.runner import simulate
@@ -29,7 +30,6 @@ from spotgpu.sim.scenario import (
     default_scenario,
     parse_scenario,
     scenario_argument,
-    scenario_summary,
 )
 from spotgpu.sim.table import RECOMMENDED_MARK, summary_table
 

@@ -22,7 +22,8 @@ from spotgpu.sim.progress import Progress
 from spotgpu.sim.report import write_outputs
 from spotgpu.sim.runner import simulate
 from spotgpu.sim.scenario import build_workload, default_scenario
-from spotgpu.sim.simulation import Hooks, Simulation, real_scheduler, run_policy
+from spotgpu.sim.simulation import Simulation, run_policy
+from spotgpu.sim.state import Hooks, real_scheduler
 from spotgpu.sim.table import summary_table
 
 REQUIRED_POLICY_KEYS = {

@@ -11,14 +11,8 @@ import yaml
 from spotgpu.core.configfile import ConfigError
 from spotgpu.core.types import NodeStrategy, SpotPriority
 from spotgpu.sim import defaults
-from spotgpu.sim.scenario import (
-    DEFAULT_POLICIES,
-    build_workload,
-    default_scenario,
-    load_scenario,
-    parse_scenario,
-    scenario_summary,
-)
+from spotgpu.sim.inputs import scenario_summary
+from spotgpu.sim.scenario import DEFAULT_POLICIES, build_workload, default_scenario, load_scenario, parse_scenario
 
 
 def minimal(**extra: Any) -> dict[str, Any]:

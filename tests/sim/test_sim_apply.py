@@ -13,7 +13,8 @@ from typing import Any
 
 from spotgpu.core.types import NodeStrategy
 from spotgpu.scheduler.apply import ModelApplier
-from spotgpu.scheduler.model import CycleResult, Snapshot
+from spotgpu.scheduler.decisions import CycleResult
+from spotgpu.scheduler.model import Snapshot
 from spotgpu.sim.scenario import build_workload, parse_scenario
 from spotgpu.sim.simulation import Simulation
 

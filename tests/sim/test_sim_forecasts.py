@@ -19,7 +19,8 @@ from spotgpu.core.lending import LendState, node_forecasts
 from spotgpu.scheduler import CycleResult, SchedulerConfig, Snapshot
 from spotgpu.scheduler.model import IdleForecast
 from spotgpu.sim.scenario import build_workload, parse_scenario
-from spotgpu.sim.simulation import Hooks, Simulation, real_scheduler, run_policy
+from spotgpu.sim.simulation import Simulation, run_policy
+from spotgpu.sim.state import Hooks, real_scheduler
 from spotgpu.sim.workloads import LeaseRule
 from spotgpu.sim.workloads.base import TraceJob
 

@@ -12,7 +12,8 @@ from spotgpu.sim import defaults
 from spotgpu.sim.metrics import percentile
 from spotgpu.sim.model import Category
 from spotgpu.sim.scenario import Scenario, build_workload, parse_scenario
-from spotgpu.sim.simulation import Hooks, Simulation
+from spotgpu.sim.simulation import Simulation
+from spotgpu.sim.state import Hooks
 
 HOUR = 3600.0
 SIGNAL, KILL, RELEASE = 46e-6, 8e-3, 46e-6

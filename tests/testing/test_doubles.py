@@ -17,15 +17,9 @@ from spotgpu.adapters.proto import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from spotgpu.adapters.proto import podresources_v1_pb2 as pr
 from spotgpu.adapters.proto import podresources_v1_pb2_grpc as pr_grpc
 from spotgpu.testing.containerd import Containerd, make_rootfs
-from spotgpu.testing.kubelet import (
-    ContainerDevices,
-    ContainerResources,
-    KubeletDouble,
-    PodResources,
-    PodResourcesDouble,
-    VendorDevice,
-    VendorPluginDouble,
-)
+from spotgpu.testing.kubelet import KubeletDouble
+from spotgpu.testing.podresources import ContainerDevices, ContainerResources, PodResources, PodResourcesDouble
+from spotgpu.testing.vendorplugin import VendorDevice, VendorPluginDouble
 
 DEVICES = [VendorDevice("GPU-a", "/dev/null", "/dev/nvidia0", 0), VendorDevice("GPU-b", "/dev/zero", "/dev/nvidia1", 1)]
 

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spotgpu.adapters.pidkill import signal_all, wait_exited
-from spotgpu.adapters.procattr import cgroup_lines
+from spotgpu.util.cgroupfile import cgroup_lines
 from spotgpu.util.cpuboost import Knob, cpu_knobs
 
 log = logging.getLogger(__name__)

@@ -210,7 +210,6 @@ __all__ = [
     "CgroupIdentity",
     "ContainerRefPoint",
     "ProcessAttributor",
-    "cgroup_lines",
     "container_processes",
     "identity_of_path",
     "parse_cgroup",

@@ -38,12 +38,13 @@ from spotgpu.agent.steer import (
     steering_mismatches,
     twin_view,
 )
+from spotgpu.core.allocations import AllocatedDevices
 from spotgpu.core.clock import Clock
 from spotgpu.core.ids import DeviceID, ResourceName
 from spotgpu.core.mapping_cache import IDLE_SPACE, MappingCache
 from spotgpu.core.refs import PodRef
 from spotgpu.core.types import Health
-from spotgpu.ports.node import AllocatedDevices, GpuDevice
+from spotgpu.ports.node import GpuDevice
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from spotgpu.agent.evictor import EvictionOutcome
-from spotgpu.agent.ports import GuardPort
 from spotgpu.agent.solver import Solver
 from spotgpu.core.clock import Clock
 from spotgpu.core.holders import ReleaseReport
 from spotgpu.core.ids import NodeName
 from spotgpu.core.refs import ContainerRef
+from spotgpu.guard.port import GuardPort
 
 RECENT_EVICTIONS = 64
 """Evictions kept for ``/debug/state``."""

@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
-from spotgpu.agent.ports import GuardPort, PodInfo
+from spotgpu.agent.ports import PodInfo
 from spotgpu.core import keys
 from spotgpu.core.refs import ContainerRef
+from spotgpu.guard.port import GuardPort
 from spotgpu.runtime.modifiers.guard_rule import GUARD_OPT_OUT
 
 log = logging.getLogger(__name__)

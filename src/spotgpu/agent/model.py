@@ -37,6 +37,7 @@ from typing import Final
 
 from spotgpu.agent.ports import PodInfo
 from spotgpu.core import keys
+from spotgpu.core.allocations import AllocatedDevices
 from spotgpu.core.codec import DevicesFrom, SyncKind, SyncSource, devices_from_key, format_devices_from
 from spotgpu.core.errors import PermanentError
 from spotgpu.core.holders import ReleaseScope
@@ -53,7 +54,7 @@ from spotgpu.core.mapping_cache import IDLE_SPACE, DeviceEntry, MappingSnapshot,
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.shadow import ShadowCheck, ShadowClaim, check_shadow
 from spotgpu.core.types import EvictionReason, Health, OwnerState
-from spotgpu.ports.node import AllocatedDevices, GpuDevice, RuntimeContainer
+from spotgpu.ports.node import GpuDevice, RuntimeContainer
 
 
 @dataclass(frozen=True, slots=True)
@@ -543,7 +544,6 @@ def twin_ids(
 __all__ = [
     "AllocateRefused",
     "EvictionPlan",
-    "LendState",
     "MappingBuild",
     "TwinView",
     "Victim",
@@ -557,7 +557,6 @@ __all__ = [
     "owners_of",
     "pending_shadows",
     "plan_eviction",
-    "real_of_twin",
     "shadow_check",
     "runtime_container_ids",
     "twin_health",

@@ -26,7 +26,6 @@ from typing import Protocol
 from spotgpu.core.ids import NodeName
 from spotgpu.core.refs import PodRef
 from spotgpu.core.types import EvictionReason
-from spotgpu.guard.port import GuardPort, OwnerBackHandler  # the guard's own module: no guard -> agent import
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +108,7 @@ class KubePort(Protocol):
 
 __all__ = [
     "ContainerInfo",
-    "GuardPort",
     "KubePort",
-    "OwnerBackHandler",
     "PodEvent",
     "PodEventType",
     "PodInfo",

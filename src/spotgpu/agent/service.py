@@ -60,13 +60,15 @@ from spotgpu.adapters.deviceplugin import DevicePluginServer, TwinDevice
 from spotgpu.adapters.procattr import CgroupIdentity, ProcessAttributor
 from spotgpu.adapters.reaper import kill_and_wait
 from spotgpu.agent.debugstate import EvictionLog, debug_state
+from spotgpu.agent.evictor import EvictionOutcome
 from spotgpu.agent.holderwatch import HolderWatch
 from spotgpu.agent.measure import REF_RETRY_INTERVAL, BackendUtilization, Measurer, ReferencePoints
 from spotgpu.agent.model import victim_container_ids
 from spotgpu.agent.nodepods import NodePods
 from spotgpu.agent.owner_record import OwnerRecord
-from spotgpu.agent.ports import GuardPort, KubePort, PodEvent, PodEventType, PodInfo
-from spotgpu.agent.solver import EvictionOutcome, Solver, SolverSettings
+from spotgpu.agent.ports import KubePort, PodEvent, PodEventType, PodInfo
+from spotgpu.agent.settings import SolverSettings
+from spotgpu.agent.solver import Solver
 from spotgpu.core.clock import Clock, SystemClock
 from spotgpu.core.config import AgentConfig
 from spotgpu.core.errors import SpotgpuError
@@ -75,6 +77,7 @@ from spotgpu.core.lending import Action
 from spotgpu.core.mapping_cache import Owner
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health
+from spotgpu.guard.port import GuardPort
 from spotgpu.ports.node import (
     GpuBackend,
     LendStore,

@@ -58,11 +58,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
-from spotgpu.agent.allocator import Allocator, Grant
+from spotgpu.agent.allocator import Allocator
 from spotgpu.agent.detect import WatchedOwner
 from spotgpu.agent.evictor import EvictionOutcome, Evictor, ReturnsInFlight, SweepFn
 from spotgpu.agent.guarding import GuardExecutor
-from spotgpu.agent.lookups import SolverState
 from spotgpu.agent.model import (
     EvictionPlan,
     MappingBuild,
@@ -74,26 +73,20 @@ from spotgpu.agent.model import (
     twin_health,
 )
 from spotgpu.agent.persistence import Record, RecordKeeper, lent_evidence
-from spotgpu.agent.ports import GuardPort, KubePort, PodInfo
+from spotgpu.agent.ports import KubePort, PodInfo
 from spotgpu.agent.publisher import Publisher, PublishFn
 from spotgpu.agent.settings import SolverSettings
 from spotgpu.agent.solver_publish import SolverPublishing
 from spotgpu.core import lending
+from spotgpu.core.allocations import AllocatedDevices
 from spotgpu.core.clock import Clock, SystemTimer, Timer
+from spotgpu.core.idle_forecast import Refusal
 from spotgpu.core.lending import Action, LendRules, LendState, OwnerLending
 from spotgpu.core.mapping_cache import MappingCache, MappingSnapshot, Owner
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import EvictionReason
-from spotgpu.ports.node import (
-    AllocatedDevices,
-    GpuDevice,
-    LearnedOwner,
-    LendStore,
-    LentOwner,
-    ReleaseCheck,
-    RuntimeContainer,
-    TaskPort,
-)
+from spotgpu.guard.port import GuardPort
+from spotgpu.ports.node import GpuDevice, LearnedOwner, LendStore, LentOwner, ReleaseCheck, RuntimeContainer, TaskPort
 from spotgpu.util.priority import normal_priority
 
 log = logging.getLogger(__name__)
@@ -408,7 +401,7 @@ class Solver(SolverPublishing):
     def _not_lent(self, action: lending.NotLent, effects: _Effects) -> None:
         self.metrics.not_lent.labels(reason=action.reason.value).inc()
         owner = action.owner
-        if action.reason is not lending.Refusal.UNGUARDED:
+        if action.reason is not Refusal.UNGUARDED:
             log.info("owner %s is idle but not lent (%s)", owner, action.reason.value)
             return
         why = self.guards.why_uncovered(self._pods.get(owner.pod_ref))
@@ -472,7 +465,7 @@ class Solver(SolverPublishing):
         return effects.reports
 
     def _count_unguarded(self) -> None:
-        unguarded = sum(1 for s in self._owners.values() if s.poll_only or s.refused is lending.Refusal.UNGUARDED)
+        unguarded = sum(1 for s in self._owners.values() if s.poll_only or s.refused is Refusal.UNGUARDED)
         self.metrics.owners_unguarded.set(unguarded)
 
     def owner_back(self, owner: ContainerRef) -> EvictionOutcome | None:
@@ -597,4 +590,4 @@ class Solver(SolverPublishing):
         self._after(effects)
 
 
-__all__ = ["EvictionOutcome", "Grant", "PublishFn", "Solver", "SolverSettings", "SolverState"]
+__all__ = ["Solver"]

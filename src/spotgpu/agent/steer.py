@@ -46,15 +46,16 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from spotgpu.agent.model import AllocateRefused, TwinView, allocate_refusal, real_of_twin, twin_ids
+from spotgpu.agent.model import AllocateRefused, TwinView, allocate_refusal, twin_ids
 from spotgpu.agent.ports import PodInfo
 from spotgpu.core import keys
+from spotgpu.core.allocations import AllocatedDevices
 from spotgpu.core.errors import ValidationError
-from spotgpu.core.ids import DeviceID, NodeName, ResourceName, is_spot_id, shared_resource_of
+from spotgpu.core.ids import DeviceID, NodeName, ResourceName, is_spot_id, real_of_twin, shared_resource_of
 from spotgpu.core.mapping_cache import Owner
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health
-from spotgpu.ports.node import AllocatedDevices, GpuDevice
+from spotgpu.ports.node import GpuDevice
 
 
 class TwinKind(StrEnum):

@@ -66,14 +66,8 @@ from spotgpu.runtime.ownerstate import write_owner_state
 from spotgpu.runtime.service import RuntimeService
 from spotgpu.runtime.shim import install_shim, package_root, resolve_lower
 from spotgpu.testing.containerd import Containerd, make_rootfs
-from spotgpu.testing.kubelet import (
-    ContainerDevices,
-    ContainerResources,
-    PodResources,
-    PodResourcesDouble,
-    VendorDevice,
-    VendorPluginDouble,
-)
+from spotgpu.testing.podresources import ContainerDevices, ContainerResources, PodResources, PodResourcesDouble
+from spotgpu.testing.vendorplugin import VendorDevice, VendorPluginDouble
 
 TARGETS: Final = {"passthrough_added_ms": 5.0, "sync_added_ms": 25.0, "kill_added_ms": 2.0}
 OWNER: Final = ContainerRef("bench", "dev-box", "main")

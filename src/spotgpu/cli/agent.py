@@ -19,13 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from spotgpu.agent.ports import GuardPort
 from spotgpu.cli import stop_on_signals
 from spotgpu.core.config import AgentConfig, AgentMode
 from spotgpu.core.configfile import ConfigError, load_yaml_file
 from spotgpu.core.errors import SpotgpuError
 from spotgpu.core.ids import NodeName
 from spotgpu.core.refs import ContainerRef
+from spotgpu.guard.port import GuardPort
 from spotgpu.util.cpuboost import CpuBoost
 
 if TYPE_CHECKING:

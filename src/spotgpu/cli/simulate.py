@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     from spotgpu.sim.invariants import InvariantViolation
     from spotgpu.sim.progress import Progress
     from spotgpu.sim.runner import default_workers, simulate
-    from spotgpu.sim.simulation import Hooks
+    from spotgpu.sim.state import Hooks
 
     try:
         scenario, policies = _inputs(args)

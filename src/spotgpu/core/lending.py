@@ -503,7 +503,6 @@ __all__ = [
     "Persist",
     "Publish",
     "Recovered",
-    "Refusal",
     "Sample",
     "Violation",
     "activity",

@@ -24,7 +24,7 @@ from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE
 from spotgpu.core.refs import ContainerRef
 from spotgpu.e2e.model import CONTAINERD_NAMESPACE, CTL_PATH, OWNER, container_id, gpu_id
 from spotgpu.testing.containerd import Containerd, make_rootfs
-from spotgpu.testing.kubelet import ContainerDevices, ContainerResources, PodResources
+from spotgpu.testing.podresources import ContainerDevices, ContainerResources, PodResources
 
 if TYPE_CHECKING:
     from spotgpu.e2e.node import Node

@@ -85,7 +85,9 @@ from spotgpu.testing.cgroups import remove_cgroup_tree
 from spotgpu.testing.containerd import Containerd
 from spotgpu.testing.exitwatch import ExitWatcher
 from spotgpu.testing.kubeapi import KubeApiServer
-from spotgpu.testing.kubelet import ContainerDevices, KubeletDouble, VendorDevice, VendorPluginDouble
+from spotgpu.testing.kubelet import KubeletDouble
+from spotgpu.testing.podresources import ContainerDevices
+from spotgpu.testing.vendorplugin import VendorDevice, VendorPluginDouble
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from spotgpu.testing.kubeapi import KubeApiServer
-from spotgpu.testing.kubelet import PodResources, PodResourcesDouble
+from spotgpu.testing.podresources import PodResources, PodResourcesDouble
 
 
 class ChildProcess:

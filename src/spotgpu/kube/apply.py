@@ -55,7 +55,7 @@ from spotgpu.kube.client import (
 from spotgpu.kube.events import WARNING, EventRecorder, pod_reference
 from spotgpu.kube.metrics import ControllerMetrics
 from spotgpu.kube.resources import PodGroupResource, format_time
-from spotgpu.scheduler.model import (
+from spotgpu.scheduler.decisions import (
     Bind,
     ClearNomination,
     CreateShadowPod,

@@ -43,7 +43,7 @@ from spotgpu.kube.objects import disruption, is_deleting
 from spotgpu.kube.resources import API_VERSION, GROUP, VERSION, QueueResource, format_time
 from spotgpu.kube.snapshot import SnapshotBuild, TranslateConfig, build_snapshot
 from spotgpu.scheduler.config import SchedulerConfig
-from spotgpu.scheduler.model import (
+from spotgpu.scheduler.decisions import (
     Bind,
     ClearNomination,
     CreateShadowPod,
@@ -54,8 +54,8 @@ from spotgpu.scheduler.model import (
     Nominate,
     PodGroupPhase,
     PodGroupStatus,
-    Snapshot,
 )
+from spotgpu.scheduler.model import Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -83,6 +83,7 @@ from spotgpu.kube.objects import (
 )
 from spotgpu.kube.resources import ObjectError, PodGroupView, QueueView, name_of, namespace_of, parse_time
 from spotgpu.kube.snapshot_checks import SkipFn, check_spot_use, claim_devices, reported_use
+from spotgpu.scheduler.decisions import PodGroupPhase
 from spotgpu.scheduler.model import (
     GPU,
     GPURequest,
@@ -90,7 +91,6 @@ from spotgpu.scheduler.model import (
     Nomination,
     Pod,
     PodGroup,
-    PodGroupPhase,
     Queue,
     ShadowPod,
     Snapshot,

@@ -227,7 +227,6 @@ class ReleaseCheck(Protocol):
 
 
 __all__ = [
-    "AllocatedDevices",
     "GpuBackend",
     "GpuDevice",
     "GpuProcess",

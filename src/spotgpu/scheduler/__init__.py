@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from spotgpu.scheduler.config import NodeOrder, SchedulerConfig
 from spotgpu.scheduler.cycle import check_config, open_session, run_cycle, select_victims
-from spotgpu.scheduler.model import (
-    GPU,
+from spotgpu.scheduler.decisions import (
     Bind,
     ClearNomination,
     CreateShadowPod,
@@ -26,22 +25,25 @@ from spotgpu.scheduler.model import (
     DeleteShadowPod,
     DeviceOwner,
     Evict,
-    GPURequest,
-    Node,
     Nominate,
-    Nomination,
-    Pod,
-    PodGroup,
     PodGroupPhase,
     PodGroupStatus,
     Preemption,
+    Unschedulable,
+)
+from spotgpu.scheduler.model import (
+    GPU,
+    GPURequest,
+    Node,
+    Nomination,
+    Pod,
+    PodGroup,
     Queue,
     SchedulerBug,
     ShadowPod,
     Snapshot,
     SnapshotError,
     SpotOutside,
-    Unschedulable,
     VictimScale,
     parse_node_annotations,
 )

@@ -31,8 +31,7 @@ from typing import Literal
 from spotgpu.core.ids import DeviceID, NodeName
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health
-from spotgpu.scheduler.model import (
-    GPU,
+from spotgpu.scheduler.decisions import (
     Bind,
     ClearNomination,
     CreateShadowPod,
@@ -40,13 +39,9 @@ from spotgpu.scheduler.model import (
     DeleteShadowPod,
     Evict,
     Nominate,
-    Nomination,
-    Pod,
-    PodGroup,
     PodGroupStatus,
-    ShadowPod,
-    Snapshot,
 )
+from spotgpu.scheduler.model import GPU, Nomination, Pod, PodGroup, ShadowPod, Snapshot
 
 Evicted = Literal["gone", "evicting"]
 

@@ -24,7 +24,8 @@ from spotgpu.core.refs import PodRef
 from spotgpu.scheduler import actions as _actions  # registers the built-in actions
 from spotgpu.scheduler import plugins as _plugins  # registers the built-in plugins
 from spotgpu.scheduler.config import SchedulerConfig
-from spotgpu.scheduler.model import CycleResult, Preemption, SchedulerBug, Snapshot, SnapshotError
+from spotgpu.scheduler.decisions import CycleResult, Preemption
+from spotgpu.scheduler.model import SchedulerBug, Snapshot, SnapshotError
 from spotgpu.scheduler.session import Session
 from spotgpu.scheduler.state import ClusterState
 from spotgpu.scheduler.victims import preempt_gang

@@ -318,7 +318,6 @@ __all__ = [
     "AutoLent",
     "GPUState",
     "JobState",
-    "Lend",
     "NodeClass",
     "NodeState",
     "PreemptKey",

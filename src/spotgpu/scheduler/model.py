@@ -41,20 +41,7 @@ from spotgpu.core.refs import ContainerRef, PodRef, RefError
 from spotgpu.core.types import GPU_MILLI, Health, NodeStrategy, QueueType, SpotPriority
 from spotgpu.scheduler.decisions import (
     DEFAULT_CONTAINER,
-    Bind,
-    ClearNomination,
-    CreateShadowPod,
-    CycleResult,
-    CycleStats,
-    Decision,
-    DeleteShadowPod,
-    DeviceOwner,
-    Evict,
-    Nominate,
     PodGroupPhase,
-    PodGroupStatus,
-    Preemption,
-    Unschedulable,
 )
 
 MAX_FORECAST_S: Final = 30 * 86400
@@ -542,36 +529,21 @@ class Snapshot:
 
 
 __all__ = [
-    "DEFAULT_CONTAINER",
     "MAX_FORECAST_S",
     "NO_FORECAST",
     "GPU",
-    "Bind",
-    "ClearNomination",
-    "CreateShadowPod",
-    "CycleResult",
-    "CycleStats",
-    "Decision",
-    "DeleteShadowPod",
-    "DeviceOwner",
-    "Evict",
     "GPURequest",
     "IdleForecast",
     "Node",
-    "Nominate",
     "Nomination",
     "Pod",
     "PodGroup",
-    "PodGroupPhase",
-    "PodGroupStatus",
-    "Preemption",
     "Queue",
     "SchedulerBug",
     "ShadowPod",
     "Snapshot",
     "SnapshotError",
     "SpotOutside",
-    "Unschedulable",
     "VictimScale",
     "parse_node_annotations",
 ]

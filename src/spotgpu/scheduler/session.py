@@ -18,6 +18,19 @@ from collections.abc import Iterable
 from spotgpu.core.refs import PodRef
 from spotgpu.core.types import QueueType
 from spotgpu.scheduler.config import SchedulerConfig
+from spotgpu.scheduler.decisions import (
+    Bind,
+    ClearNomination,
+    CreateShadowPod,
+    CycleResult,
+    CycleStats,
+    DeleteShadowPod,
+    Evict,
+    Nominate,
+    PodGroupPhase,
+    PodGroupStatus,
+    Unschedulable,
+)
 from spotgpu.scheduler.demand import Pressure
 from spotgpu.scheduler.framework import (
     ACTIONS,
@@ -38,29 +51,8 @@ from spotgpu.scheduler.framework import (
     VictimScorePlugin,
     extension_points,
 )
-from spotgpu.scheduler.model import (
-    Bind,
-    ClearNomination,
-    CreateShadowPod,
-    CycleResult,
-    CycleStats,
-    DeleteShadowPod,
-    Evict,
-    Nominate,
-    PodGroupPhase,
-    PodGroupStatus,
-    Unschedulable,
-)
-from spotgpu.scheduler.state import (
-    AutoLent,
-    ClusterState,
-    JobState,
-    NodeClass,
-    QueueState,
-    TaskKind,
-    TaskShape,
-    TaskState,
-)
+from spotgpu.scheduler.mirrors import AutoLent, JobState, NodeClass, QueueState, TaskKind, TaskShape, TaskState
+from spotgpu.scheduler.state import ClusterState
 from spotgpu.scheduler.status import OK, Code, Status
 
 

@@ -48,7 +48,6 @@ from spotgpu.scheduler.model import (
     SpotOutside,
     VictimScale,
 )
-from spotgpu.scheduler.rules import Lend
 
 _T = TypeVar("_T")
 
@@ -562,17 +561,5 @@ def _typed(items: object, cls: type[_T], what: str) -> tuple[_T, ...]:
 
 
 __all__ = [
-    "AutoLent",
     "ClusterState",
-    "GPUState",
-    "JobState",
-    "Lend",
-    "NodeClass",
-    "NodeState",
-    "PreemptKey",
-    "QueueState",
-    "ShadowState",
-    "TaskKind",
-    "TaskShape",
-    "TaskState",
 ]

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from spotgpu.core.ids import SPOT_GPU_RESOURCE
 from spotgpu.core.types import EvictionReason
+from spotgpu.scheduler.decisions import Bind, ClearNomination, DeviceOwner, Evict, Nominate
 from spotgpu.scheduler.framework import Placement, ReservePlugin
-from spotgpu.scheduler.model import Bind, ClearNomination, DeviceOwner, Evict, Nominate
+from spotgpu.scheduler.mirrors import GPUState, JobState, NodeState, TaskKind, TaskState
 from spotgpu.scheduler.session import Session
-from spotgpu.scheduler.state import GPUState, JobState, NodeState, TaskKind, TaskState
 from spotgpu.scheduler.status import OK, Status
 
 

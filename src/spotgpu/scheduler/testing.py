@@ -25,19 +25,8 @@ from collections.abc import Iterable, Sequence
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, DeviceID, NodeName, ResourceName
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health, NodeStrategy, QueueType, SpotPriority
-from spotgpu.scheduler.apply import apply_result
-from spotgpu.scheduler.model import (
-    DEFAULT_CONTAINER,
-    GPU,
-    GPURequest,
-    IdleForecast,
-    Node,
-    Nomination,
-    Pod,
-    PodGroup,
-    PodGroupPhase,
-    Queue,
-)
+from spotgpu.scheduler.decisions import DEFAULT_CONTAINER, PodGroupPhase
+from spotgpu.scheduler.model import GPU, GPURequest, IdleForecast, Node, Nomination, Pod, PodGroup, Queue
 
 DEFAULT_NAMESPACE = "default"
 
@@ -296,6 +285,5 @@ __all__ = [
     "MakePod",
     "MakePodGroup",
     "MakeQueue",
-    "apply_result",
     "gpu_id",
 ]

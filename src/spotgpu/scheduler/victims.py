@@ -34,8 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from spotgpu.scheduler.mirrors import GPUState, JobState, NodeState, ShadowState, TaskState
 from spotgpu.scheduler.session import Session
-from spotgpu.scheduler.state import GPUState, JobState, NodeState, ShadowState, TaskState
 from spotgpu.scheduler.statement import Statement
 
 

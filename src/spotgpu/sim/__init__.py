@@ -26,18 +26,12 @@ and the workload sources (reading traces); the rest is pure.
 from __future__ import annotations
 
 from spotgpu.sim.invariants import InvariantViolation
+from spotgpu.sim.latency import Latencies
 from spotgpu.sim.report import write_outputs
 from spotgpu.sim.runner import SimulationResult, simulate
-from spotgpu.sim.scenario import (
-    Latencies,
-    PolicySpec,
-    Scenario,
-    build_workload,
-    default_scenario,
-    load_scenario,
-    parse_scenario,
-)
-from spotgpu.sim.simulation import Hooks, PolicyRun, Simulation, run_policy
+from spotgpu.sim.scenario import PolicySpec, Scenario, build_workload, default_scenario, load_scenario, parse_scenario
+from spotgpu.sim.simulation import PolicyRun, Simulation, run_policy
+from spotgpu.sim.state import Hooks
 from spotgpu.sim.table import summary_table
 
 __all__ = [

@@ -15,7 +15,8 @@ import math
 
 from spotgpu.core.types import EvictionReason
 from spotgpu.scheduler.apply import ApplyError, ModelApplier
-from spotgpu.scheduler.model import Bind, CreateShadowPod, CycleResult, Nomination, Snapshot
+from spotgpu.scheduler.decisions import Bind, CreateShadowPod, CycleResult
+from spotgpu.scheduler.model import Nomination, Snapshot
 from spotgpu.sim.engine import Priority
 from spotgpu.sim.events import PodsGone, ShadowGone
 from spotgpu.sim.model import JobPhase, JobSim, PodSim, ShadowSim

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from spotgpu.agent.model import LendState
 from spotgpu.core.errors import PermanentError
+from spotgpu.core.lending import LendState
 from spotgpu.core.types import GPU_MILLI
+from spotgpu.sim.latency import Latencies
 from spotgpu.sim.model import GpuSim, JobPhase, NodeSim, OwnerSim, PodSim
-from spotgpu.sim.scenario import Latencies
 
 EPSILON = 1e-9
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import assert_never
 
 from spotgpu.core.refs import PodRef
-from spotgpu.scheduler.model import GPURequest, PodGroupPhase
+from spotgpu.scheduler.decisions import PodGroupPhase
+from spotgpu.scheduler.model import GPURequest
 from spotgpu.sim.apply import Decisions
 from spotgpu.sim.engine import Priority
 from spotgpu.sim.events import JobArrival, JobEvent, JobFinish, JobStart, PodsGone, Requeue

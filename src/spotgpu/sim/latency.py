@@ -71,8 +71,8 @@ class Latency:
         if u <= rows[0][0]:
             return rows[0][1] / 1000.0
         for (q0, v0), (q1, v1) in itertools.pairwise(rows):
-            if u <= q1:
-                return (v0 + (v1 - v0) * (u - q0) / (q1 - q0)) / 1000.0
+            if u <= q1:  # the fraction first: (v1 - v0) * (u - q0) can round up for tiny quantiles
+                return (v0 + (v1 - v0) * min(1.0, (u - q0) / (q1 - q0))) / 1000.0
         return rows[-1][1] / 1000.0
 
     def sample(self, rng: random.Random) -> float:

@@ -13,11 +13,12 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
-from spotgpu.agent.model import LendState
 from spotgpu.core.ids import DeviceID, NodeName
+from spotgpu.core.lending import LendState
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import EvictionReason, Health
-from spotgpu.scheduler.model import GPURequest, Nomination, PodGroupPhase
+from spotgpu.scheduler.decisions import PodGroupPhase
+from spotgpu.scheduler.model import GPURequest, Nomination
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -27,9 +27,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import assert_never
 
-from spotgpu.agent.model import LendState
 from spotgpu.core.ids import DeviceID
-from spotgpu.core.lending import Actions, Evict, LendRules, Lent, Persist
+from spotgpu.core.lending import Actions, Evict, LendRules, LendState, Lent, Persist
 from spotgpu.core.mapping_cache import DeviceEntry, MappingSnapshot, OwnerEntry
 from spotgpu.core.types import EvictionReason
 from spotgpu.scheduler.model import MAX_FORECAST_S, IdleForecast

@@ -20,10 +20,11 @@ from typing import Any, Final
 from spotgpu import __version__
 from spotgpu.core.configfile import ConfigError
 from spotgpu.core.types import NodeStrategy
-from spotgpu.sim.inputs import LATENCY_MODEL
+from spotgpu.sim.inputs import LATENCY_MODEL, scenario_summary
 from spotgpu.sim.metrics import share_of_best, useful_gain_gpu_hours
-from spotgpu.sim.scenario import PolicySpec, Scenario, Workload, build_workload, scenario_summary
-from spotgpu.sim.simulation import Hooks, PolicyRun, run_policy
+from spotgpu.sim.scenario import PolicySpec, Scenario, Workload, build_workload
+from spotgpu.sim.simulation import PolicyRun, run_policy
+from spotgpu.sim.state import Hooks
 
 ATTRIBUTION: Final = (
     {

@@ -26,7 +26,7 @@ from spotgpu.core.configfile import ConfigError, Seconds, from_mapping, read_yam
 from spotgpu.core.types import NodeStrategy, SpotPriority
 from spotgpu.scheduler.config import SchedulerConfig
 from spotgpu.sim import defaults
-from spotgpu.sim.inputs import StreamUse, scenario_summary
+from spotgpu.sim.inputs import StreamUse
 from spotgpu.sim.latency import Latencies
 from spotgpu.sim.workloads import (
     JOB_SOURCES,
@@ -541,7 +541,6 @@ __all__ = [
     "JobSpec",
     "JobStream",
     "JobStreamKeys",
-    "Latencies",
     "OwnerGroup",
     "OwnerGroupKeys",
     "OwnerSlot",
@@ -552,6 +551,5 @@ __all__ = [
     "default_scenario",
     "load_scenario",
     "parse_scenario",
-    "scenario_summary",
     "scenario_argument",
 ]

@@ -46,7 +46,8 @@ from typing import Final, assert_never
 from spotgpu.core.ids import DeviceID
 from spotgpu.core.lending import LendRules
 from spotgpu.core.refs import PodRef
-from spotgpu.scheduler.model import CycleResult, IdleForecast, Snapshot
+from spotgpu.scheduler.decisions import CycleResult
+from spotgpu.scheduler.model import IdleForecast, Snapshot
 from spotgpu.sim import defaults
 from spotgpu.sim.apply import Decisions
 from spotgpu.sim.engine import Engine, Priority
@@ -76,7 +77,7 @@ from spotgpu.sim.model import JobPhase, JobSim, NodeSim, OwnerSim, PodSim, Shado
 from spotgpu.sim.owners import Owners
 from spotgpu.sim.scenario import PolicySpec, Scenario, Workload
 from spotgpu.sim.snapshot import Snapshots
-from spotgpu.sim.state import Cycles, Hooks, NodeIndex, PlacedSpot, Run, World, agent_eviction_plan, real_scheduler
+from spotgpu.sim.state import Cycles, Hooks, NodeIndex, PlacedSpot, Run, World
 
 PROGRESS_STEPS: Final = 200
 
@@ -327,4 +328,4 @@ def run_policy(scenario: Scenario, workload: Workload, policy: PolicySpec, hooks
     return Simulation(scenario, workload, policy, hooks).run()
 
 
-__all__ = ["Hooks", "PolicyRun", "Simulation", "agent_eviction_plan", "real_scheduler", "run_policy"]
+__all__ = ["PolicyRun", "Simulation", "run_policy"]

@@ -19,8 +19,9 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from spotgpu.agent.model import LendState, twin_health
+from spotgpu.agent.model import twin_health
 from spotgpu.core.ids import DeviceID
+from spotgpu.core.lending import LendState
 from spotgpu.core.mapping_cache import IDLE_SPACE, DeviceEntry, MappingSnapshot, Owner, OwnerEntry
 from spotgpu.core.refs import ContainerRef
 from spotgpu.core.types import GPU_MILLI, Health, NodeStrategy, QueueType

@@ -24,7 +24,8 @@ from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import GPU_MILLI, EvictionReason
 from spotgpu.ports.node import GpuDevice
 from spotgpu.scheduler.config import SchedulerConfig
-from spotgpu.scheduler.model import CycleResult, Snapshot, VictimScale
+from spotgpu.scheduler.decisions import CycleResult
+from spotgpu.scheduler.model import Snapshot, VictimScale
 from spotgpu.sim.engine import Engine, Priority
 from spotgpu.sim.events import Cycle, Event
 from spotgpu.sim.invariants import InvariantChecker

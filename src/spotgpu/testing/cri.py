@@ -41,13 +41,8 @@ from spotgpu.adapters.proto import cri_runtime_v1_pb2_grpc as cri_grpc
 from spotgpu.adapters.proto import deviceplugin_v1beta1_pb2 as dp
 from spotgpu.core import keys
 from spotgpu.testing.images import BUSYBOX_IMAGE
-from spotgpu.testing.kubelet import (
-    ContainerDevices,
-    ContainerResources,
-    KubeletDouble,
-    PodResources,
-    PodResourcesDouble,
-)
+from spotgpu.testing.kubelet import KubeletDouble
+from spotgpu.testing.podresources import ContainerDevices, ContainerResources, PodResources, PodResourcesDouble
 
 Seccomp = Literal["Unconfined", "RuntimeDefault"]
 CALL_TIMEOUT: Final = 60.0

@@ -43,7 +43,9 @@ from spotgpu.runtime.shim import install_shim
 from spotgpu.testing.cgroups import remove_cgroup_tree
 from spotgpu.testing.cri import ContainerSpec, KubeletCri, PodSpec, RunningPod
 from spotgpu.testing.cri_containerd import Binaries, CriContainerd, CriSettings, snippet_dir
-from spotgpu.testing.kubelet import KubeletDouble, PodResourcesDouble, VendorDevice, VendorPluginDouble
+from spotgpu.testing.kubelet import KubeletDouble
+from spotgpu.testing.podresources import PodResourcesDouble
+from spotgpu.testing.vendorplugin import VendorDevice, VendorPluginDouble
 
 Mode = Literal["wrapper", "nri"]
 HANDLER: Final = "spotgpu"

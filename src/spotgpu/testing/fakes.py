@@ -16,13 +16,14 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from spotgpu.agent.ports import OwnerBackHandler, PodEvent, PodEventType, PodInfo
+from spotgpu.agent.ports import PodEvent, PodEventType, PodInfo
+from spotgpu.core.allocations import AllocatedDevices
 from spotgpu.core.errors import TemporaryError
 from spotgpu.core.ids import DeviceID, NodeName
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import EvictionReason
+from spotgpu.guard.port import OwnerBackHandler
 from spotgpu.ports.node import (
-    AllocatedDevices,
     GpuDevice,
     GpuProcess,
     LearnedOwner,

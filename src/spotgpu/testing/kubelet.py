@@ -41,11 +41,9 @@ import grpc
 
 from spotgpu.adapters.proto import deviceplugin_v1beta1_pb2 as dp
 from spotgpu.adapters.proto import deviceplugin_v1beta1_pb2_grpc as dp_grpc
-from spotgpu.testing.grpcserver import Server, socket_exists, wait_for_socket
+from spotgpu.testing.grpcserver import Server
 
 # The other kubelet-side doubles have their own modules; re-exported here for existing callers.
-from spotgpu.testing.podresources import ContainerDevices, ContainerResources, PodResources, PodResourcesDouble
-from spotgpu.testing.vendorplugin import VendorDevice, VendorPluginDouble
 
 log = logging.getLogger(__name__)
 
@@ -363,15 +361,7 @@ class _RegistrationServicer(dp_grpc.RegistrationServicer):  # type: ignore[misc]
 __all__ = [
     "Admission",
     "AdmissionError",
-    "ContainerDevices",
-    "ContainerResources",
     "DeviceState",
     "KubeletDouble",
-    "PodResources",
-    "PodResourcesDouble",
     "Registration",
-    "VendorDevice",
-    "VendorPluginDouble",
-    "socket_exists",
-    "wait_for_socket",
 ]

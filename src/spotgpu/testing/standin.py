@@ -250,6 +250,5 @@ __all__ = [
     "TORCH_SESSION",
     "Call",
     "build_probe",
-    "nv_ioctl",
     "sequence_arg",
 ]

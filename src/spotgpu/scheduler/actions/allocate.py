@@ -20,10 +20,10 @@ from typing import Final
 
 from spotgpu.scheduler.actions.preempt import NAME as PREEMPT
 from spotgpu.scheduler.actions.preempt import preempt_failed
+from spotgpu.scheduler.decisions import PodGroupPhase
 from spotgpu.scheduler.framework import ACTIONS, SortKey
-from spotgpu.scheduler.model import PodGroupPhase
+from spotgpu.scheduler.mirrors import JobState, QueueState, TaskShape
 from spotgpu.scheduler.session import Session
-from spotgpu.scheduler.state import JobState, QueueState, TaskShape
 from spotgpu.scheduler.statement import Statement
 from spotgpu.scheduler.status import Code, Status, combine
 

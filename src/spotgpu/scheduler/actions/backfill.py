@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Final
 
 from spotgpu.scheduler.framework import ACTIONS
+from spotgpu.scheduler.mirrors import TaskShape
 from spotgpu.scheduler.session import Session
-from spotgpu.scheduler.state import TaskShape
 from spotgpu.scheduler.statement import Statement
 from spotgpu.scheduler.status import Status
 

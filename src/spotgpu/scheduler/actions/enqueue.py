@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from spotgpu.scheduler.decisions import PodGroupPhase
 from spotgpu.scheduler.framework import ACTIONS
-from spotgpu.scheduler.model import PodGroupPhase
 from spotgpu.scheduler.session import Session
 
 NAME: Final = "enqueue"

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from spotgpu.scheduler.decisions import ClearNomination, PodGroupPhase
 from spotgpu.scheduler.framework import ACTIONS
-from spotgpu.scheduler.model import ClearNomination, PodGroupPhase
 from spotgpu.scheduler.session import Session
 from spotgpu.scheduler.status import Code
 from spotgpu.scheduler.victims import preempt_gang

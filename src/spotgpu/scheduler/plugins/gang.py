@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Final
 
 from spotgpu.scheduler.framework import PLUGINS, SortKey
+from spotgpu.scheduler.mirrors import JobState
 from spotgpu.scheduler.session import Session
-from spotgpu.scheduler.state import JobState
 from spotgpu.scheduler.status import OK, Status
 
 NAME: Final = "gang"

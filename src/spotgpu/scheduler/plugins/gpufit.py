@@ -25,8 +25,8 @@ from typing import Final
 from spotgpu.core.types import GPU_MILLI
 from spotgpu.scheduler.config import NodeOrder
 from spotgpu.scheduler.framework import PLUGINS
+from spotgpu.scheduler.mirrors import GPUState, NodeClass, NodeState, TaskKind, TaskShape, TaskState
 from spotgpu.scheduler.session import Session
-from spotgpu.scheduler.state import GPUState, NodeClass, NodeState, TaskKind, TaskShape, TaskState
 from spotgpu.scheduler.status import OK, Status
 
 NAME: Final = "gpufit"

@@ -48,13 +48,10 @@ from spotgpu.core.refs import PodRef
 from spotgpu.core.types import GPU_MILLI, DurationPolicy, NodeStrategy, SpotPriority
 from spotgpu.scheduler import lease
 from spotgpu.scheduler.framework import PLUGINS, Placement
-from spotgpu.scheduler.rules import lend
-from spotgpu.scheduler.session import Session
-from spotgpu.scheduler.state import (
+from spotgpu.scheduler.mirrors import (
     AutoLent,
     GPUState,
     JobState,
-    Lend,
     NodeClass,
     NodeState,
     ShadowState,
@@ -62,6 +59,8 @@ from spotgpu.scheduler.state import (
     TaskShape,
     TaskState,
 )
+from spotgpu.scheduler.rules import Lend, lend
+from spotgpu.scheduler.session import Session
 from spotgpu.scheduler.statement import Statement
 from spotgpu.scheduler.status import OK, Status
 
