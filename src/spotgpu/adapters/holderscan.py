@@ -100,23 +100,29 @@ def device_file(path: str, container_paths: Sequence[str] = ()) -> DeviceFile | 
 
 
 def cgroup_pids(root: Path) -> Iterator[tuple[str, list[int]]]:
-    """``(cgroup path relative to the mount, pids)`` for ``root`` and every cgroup below it."""
-    stack = [root]
+    """``(cgroup folder, pids)`` for ``root`` and every cgroup below it (plain ``str`` paths and
+    bytes reads: this runs on the owner's wait)."""
+    stack = [str(root)]
     while stack:
         folder = stack.pop()
         try:
             with os.scandir(folder) as entries:
-                children = [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+                stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
         except OSError:
             continue
-        stack.extend(children)
         try:
-            text = (folder / "cgroup.procs").read_text()
+            fd = os.open(f"{folder}/cgroup.procs", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             continue
-        pids = [int(p) for p in text.split() if p.isdigit()]
+        try:
+            text = os.read(fd, 1 << 20)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        pids = [int(p) for p in text.split()]
         if pids:
-            yield str(folder), pids
+            yield folder, pids
 
 
 def hierarchy(base: Path = CGROUP_MOUNT) -> Path:
@@ -154,31 +160,53 @@ class HolderScanner:
 
     def _holds(self, pid: int, gpu: Sequence[DeviceFile], control: Sequence[DeviceFile]) -> tuple[bool, bool]:
         holds_gpu = holds_control = False
-        for folder in (f"{self.proc_root}/{pid}/fd", f"{self.proc_root}/{pid}/map_files"):
+        for entry in self._entries(pid):
             try:
-                names = os.listdir(folder)
+                st = os.stat(entry)
             except OSError:
                 continue
-            for name in names:
-                entry = f"{folder}/{name}"
+            if not stat.S_ISCHR(st.st_mode):
+                continue
+
+            def link(entry: str = entry) -> str | None:
                 try:
-                    st = os.stat(entry)
+                    return os.readlink(entry)
                 except OSError:
-                    continue
-                if not stat.S_ISCHR(st.st_mode):
-                    continue
+                    return None
 
-                def link(entry: str = entry) -> str | None:
-                    try:
-                        return os.readlink(entry)
-                    except OSError:
-                        return None
-
-                holds_gpu = holds_gpu or any(f.matches(st.st_rdev, link) for f in gpu)
-                holds_control = holds_control or any(f.matches(st.st_rdev, link) for f in control)
-                if holds_gpu and holds_control:
-                    return True, True
+            holds_gpu = holds_gpu or any(f.matches(st.st_rdev, link) for f in gpu)
+            holds_control = holds_control or any(f.matches(st.st_rdev, link) for f in control)
+            if holds_gpu and holds_control:
+                return True, True
         return holds_gpu, holds_control
+
+    def _entries(self, pid: int) -> list[str]:
+        """The process's open files (``fd/N``) and one ``map_files`` entry per mapped file (a
+        file is often mapped several times: ``maps`` names each once by device and inode)."""
+        base = f"{self.proc_root}/{pid}"
+        try:
+            entries = [f"{base}/fd/{n}" for n in os.listdir(f"{base}/fd")]
+        except OSError:
+            entries = []
+        try:
+            fd = os.open(f"{base}/maps", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return entries
+        try:
+            text = b"".join(iter(lambda: os.read(fd, 1 << 16), b""))
+        except OSError:
+            return entries
+        finally:
+            os.close(fd)
+        seen: set[tuple[bytes, bytes]] = set()
+        for line in text.splitlines():
+            fields = line.split(maxsplit=5)
+            if len(fields) < 5 or fields[4] == b"0" or (fields[3], fields[4]) in seen:
+                continue  # anonymous, or a file already taken
+            seen.add((fields[3], fields[4]))
+            start, _, end = fields[0].partition(b"-")
+            entries.append(f"{base}/map_files/{int(start, 16):x}-{int(end, 16):x}")
+        return entries
 
 
 DeviceFiles = Callable[[DeviceID], Sequence[DeviceFile]]
