@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
-from spotgpu.agent.ports import ContainerInfo, PodEvent, PodEventType, PodInfo
 from spotgpu.agent.service import Agent, RuntimeServiceFactory, TwinHostFactory
 from spotgpu.core import keys
 from spotgpu.core.allocations import AllocatedDevices
@@ -19,6 +18,7 @@ from spotgpu.core.config import AgentConfig, EvictionConfig, LendingConfig, Lend
 from spotgpu.core.configfile import Seconds
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, DeviceID, NodeName, to_spot_id
 from spotgpu.core.refs import ContainerRef, PodRef
+from spotgpu.ports.kube import ContainerInfo, PodEvent, PodEventType, PodInfo
 from spotgpu.ports.node import GpuDevice, LendStore, ReleaseCheck
 from spotgpu.testing.fakes import (
     FakeAttributor,

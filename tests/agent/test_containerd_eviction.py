@@ -22,7 +22,6 @@ import pytest
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.adapters.containerd import ContainerdTasks
 from spotgpu.adapters.devnode_gpu import DeviceNode, DeviceNodeBackend
-from spotgpu.agent.ports import PodInfo
 from spotgpu.agent.service import Agent
 from spotgpu.core.clock import ManualClock
 from spotgpu.core.config import AgentConfig
@@ -31,6 +30,7 @@ from spotgpu.core.ids import DeviceID
 from spotgpu.core.lending import LendState
 from spotgpu.core.refs import PodRef
 from spotgpu.e2e.node import remove_cgroup_tree
+from spotgpu.ports.kube import PodInfo
 from spotgpu.ports.node import TaskState, TaskStopResult
 from spotgpu.testing.containerd import Containerd, make_rootfs
 from spotgpu.testing.fakes import FakeGuard, FakeKube, FakePodResources

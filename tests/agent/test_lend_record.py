@@ -13,11 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spotgpu.adapters.agent_state import LendStateFile, decode, encode
-from spotgpu.agent.ports import PodEvent, PodEventType
 from spotgpu.core.errors import ValidationError
 from spotgpu.core.ids import DeviceID
 from spotgpu.core.lending import LendState
 from spotgpu.core.refs import ContainerRef
+from spotgpu.ports.kube import PodEvent, PodEventType
 from spotgpu.ports.node import LearnedOwner, LentOwner
 from spotgpu.testing.fakes import FakeLendStore
 

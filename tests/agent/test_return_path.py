@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from spotgpu.agent.evictor import EvictionExecutor, ReturnsInFlight
-from spotgpu.agent.ports import ContainerInfo, PodEvent, PodEventType, PodInfo
 from spotgpu.agent.solver import STALE_VIEW
 from spotgpu.core.config import AgentConfig, EvictionConfig
 from spotgpu.core.configfile import ConfigError, from_mapping
 from spotgpu.core.ids import SPOT_GPU_RESOURCE
 from spotgpu.core.lending import LendState
 from spotgpu.core.refs import PodRef
+from spotgpu.ports.kube import ContainerInfo, PodEvent, PodEventType, PodInfo
 from spotgpu.ports.node import PinningTaskPort, RuntimeContainer, TaskStopResult
 from spotgpu.testing.fakes import FakeTasks
 from spotgpu.util.priority import raise_thread, thread_policy

@@ -28,7 +28,6 @@ from hypothesis import strategies as st
 
 from spotgpu.adapters.deviceplugin import DevicePluginServer
 from spotgpu.agent.model import AllocateRefused, allocate_annotations
-from spotgpu.agent.ports import ContainerInfo, PodInfo
 from spotgpu.agent.steer import (
     AssignmentError,
     Candidate,
@@ -65,6 +64,7 @@ from spotgpu.core.mapping_cache import IDLE_SPACE, Owner
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health
 from spotgpu.kube.snapshot import build_snapshot
+from spotgpu.ports.kube import ContainerInfo, PodInfo
 from spotgpu.ports.node import GpuDevice
 from spotgpu.testing.kubelet import AdmissionError, KubeletDouble
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
-from spotgpu.agent.ports import ContainerInfo, PodInfo
 from spotgpu.agent.service import Agent
 from spotgpu.core.allocations import AllocatedDevices
 from spotgpu.core.clock import ManualClock
@@ -22,6 +21,7 @@ from spotgpu.core.configfile import Seconds
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, NodeName
 from spotgpu.core.lending import LendState
 from spotgpu.core.refs import ContainerRef
+from spotgpu.ports.kube import ContainerInfo, PodInfo
 from spotgpu.testing.fakes import FakeAttributor, FakeGpuBackend, FakeKube, FakePodResources, FakeTasks, fake_devices
 
 from .conftest import OTHER, OWNER, Node

@@ -7,7 +7,6 @@ import threading
 import pytest
 from kubehelpers import wait_for
 
-from spotgpu.agent.ports import KubePort, PodEvent, PodEventType
 from spotgpu.core import keys
 from spotgpu.core.errors import TemporaryError
 from spotgpu.core.ids import NodeName
@@ -15,6 +14,7 @@ from spotgpu.core.refs import PodRef
 from spotgpu.core.types import EvictionReason
 from spotgpu.kube.agent_port import KubeAgentPort
 from spotgpu.kube.client import Backoff, Connection, Retrier
+from spotgpu.ports.kube import KubePort, PodEvent, PodEventType
 from spotgpu.testing.kubeapi import KubeApiServer
 
 NODE = NodeName("gpu-1")

@@ -13,5 +13,5 @@ the process (threads, device plugin servers, the runtime service), with ``nodepo
 watch), ``measure`` (GPU processes, utilization, PID attribution), ``owner_record`` (the
 runtime fallback's file) and ``debugstate``; ``build`` wires real adapters from the
 configuration. Every side effect goes through a port (:mod:`spotgpu.ports`,
-:mod:`spotgpu.agent.ports`). Design: ``docs/agent.md``.
+:mod:`spotgpu.ports.kube`). Design: ``docs/agent.md``.
 """

@@ -22,7 +22,6 @@ from typing import Protocol
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.agent.model import AllocateRefused, Sources, TwinView, allocate_annotations, device_index
-from spotgpu.agent.ports import PodInfo
 from spotgpu.agent.settings import SolverSettings
 from spotgpu.agent.steer import (
     Candidate,
@@ -44,6 +43,7 @@ from spotgpu.core.ids import DeviceID, ResourceName
 from spotgpu.core.mapping_cache import IDLE_SPACE, MappingCache
 from spotgpu.core.refs import PodRef
 from spotgpu.core.types import Health
+from spotgpu.ports.kube import PodInfo
 from spotgpu.ports.node import GpuDevice
 
 log = logging.getLogger(__name__)

@@ -18,16 +18,17 @@ from spotgpu.adapters.containerd import ContainerdTasks
 from spotgpu.adapters.devnode_gpu import DeviceNode, DeviceNodeBackend
 from spotgpu.adapters.holderscan import DeviceFile, HolderScanner, ReleaseChecker, device_file, hierarchy
 from spotgpu.adapters.kubelet import PodResourcesView
-from spotgpu.agent.ports import KubePort
-from spotgpu.agent.service import Agent, RuntimeHost, RuntimeServiceFactory, TwinHostFactory
+from spotgpu.agent.service import Agent, RuntimeServiceFactory, TwinHostFactory
 from spotgpu.core.clock import Clock
 from spotgpu.core.config import AgentConfig, AgentMode, GpuBackendKind, UtilizationSource
 from spotgpu.core.errors import PermanentError
 from spotgpu.core.ids import DeviceID, NodeName
 from spotgpu.core.refs import ContainerRef
 from spotgpu.dra.ports import DraApi
-from spotgpu.guard.port import GuardPort
 from spotgpu.nri.config import NriConfig
+from spotgpu.ports.agent import RuntimeHost
+from spotgpu.ports.guard import GuardPort
+from spotgpu.ports.kube import KubePort
 from spotgpu.ports.node import GpuBackend, PodResourcesPort, ReleaseCheck, UtilizationReader
 from spotgpu.runtime.config import RuntimeConfig
 from spotgpu.runtime.service import RuntimeService

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any
 
 from spotgpu.agent.evictor import EvictionOutcome
 from spotgpu.agent.solver import Solver
@@ -19,16 +19,11 @@ from spotgpu.core.clock import Clock
 from spotgpu.core.holders import ReleaseReport
 from spotgpu.core.ids import NodeName
 from spotgpu.core.refs import ContainerRef
-from spotgpu.guard.port import GuardPort
+from spotgpu.ports.agent import RuntimeHost
+from spotgpu.ports.guard import GuardPort
 
 RECENT_EVICTIONS = 64
 """Evictions kept for ``/debug/state``."""
-
-
-class StatusSource(Protocol):
-    """Whatever reports a status dict (spotgpu-runtime's service as the agent hosts it)."""
-
-    def status(self) -> dict[str, Any]: ...
 
 
 class EvictionLog:
@@ -92,7 +87,7 @@ def debug_state(
     recovered: bool,
     solver: Solver,
     guard: GuardPort | None,
-    runtime: StatusSource | None,
+    runtime: RuntimeHost | None,
     evictions: EvictionLog,
     clock: Clock,
 ) -> dict[str, Any]:
@@ -118,4 +113,4 @@ def debug_state(
     }
 
 
-__all__ = ["RECENT_EVICTIONS", "EvictionLog", "StatusSource", "debug_state", "guard_state", "release_check_entry"]
+__all__ = ["RECENT_EVICTIONS", "EvictionLog", "debug_state", "guard_state", "release_check_entry"]

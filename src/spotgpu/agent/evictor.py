@@ -51,7 +51,6 @@ from typing import TypeVar
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.agent.model import EvictionPlan, runtime_container_ids
-from spotgpu.agent.ports import KubePort
 from spotgpu.agent.settings import EvictionSettings
 from spotgpu.core.clock import Clock, Timer
 from spotgpu.core.errors import SpotgpuError, TemporaryError
@@ -60,6 +59,7 @@ from spotgpu.core.ids import DeviceID
 from spotgpu.core.mapping_cache import MappingCache
 from spotgpu.core.refs import PodRef
 from spotgpu.core.types import EvictionReason
+from spotgpu.ports.kube import KubePort
 from spotgpu.ports.node import (
     PinningTaskPort,
     ReleaseCheck,

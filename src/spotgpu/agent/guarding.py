@@ -1,7 +1,7 @@
 """The guard executor: the solver's arm / disarm calls and its questions about coverage.
 
 Decides nothing (whether to lend an uncovered owner is :mod:`spotgpu.core.lending`'s rule).
-Side effects: calls on the :class:`~spotgpu.agent.ports.GuardPort`, a metric and a log line per
+Side effects: calls on the :class:`~spotgpu.ports.kube.GuardPort`, a metric and a log line per
 failure. A node without a guard (none configured, or unavailable) arms nothing and covers
 nobody.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
-from spotgpu.agent.ports import PodInfo
 from spotgpu.core import keys
 from spotgpu.core.refs import ContainerRef
-from spotgpu.guard.port import GuardPort
+from spotgpu.ports.guard import GuardPort
+from spotgpu.ports.kube import PodInfo
 from spotgpu.runtime.modifiers.guard_rule import GUARD_OPT_OUT
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 from spotgpu.agent.allocator import Allocator, Grant
 from spotgpu.agent.model import Sources, WatchScope, device_index, pending_shadows, watch_scopes
-from spotgpu.agent.ports import PodInfo
 from spotgpu.agent.publisher import Publisher
 from spotgpu.agent.settings import SolverSettings
 from spotgpu.core.ids import DeviceID, ResourceName
@@ -25,6 +24,7 @@ from spotgpu.core.lending import LendState, OwnerLending
 from spotgpu.core.mapping_cache import MappingCache, Owner
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health
+from spotgpu.ports.kube import PodInfo
 from spotgpu.ports.node import GpuDevice, RuntimeContainer
 
 

@@ -35,7 +35,6 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
-from spotgpu.agent.ports import PodInfo
 from spotgpu.core import keys
 from spotgpu.core.allocations import AllocatedDevices
 from spotgpu.core.codec import DevicesFrom, SyncKind, SyncSource, devices_from_key, format_devices_from
@@ -54,6 +53,7 @@ from spotgpu.core.mapping_cache import IDLE_SPACE, DeviceEntry, MappingSnapshot,
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.shadow import ShadowCheck, ShadowClaim, check_shadow
 from spotgpu.core.types import EvictionReason, Health, OwnerState
+from spotgpu.ports.kube import PodInfo
 from spotgpu.ports.node import GpuDevice, RuntimeContainer
 
 

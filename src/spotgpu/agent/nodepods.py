@@ -13,9 +13,9 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
-from spotgpu.agent.ports import KubePort, PodEvent, PodEventType, PodInfo
 from spotgpu.core.ids import NodeName
 from spotgpu.core.refs import PodRef
+from spotgpu.ports.kube import KubePort, PodEvent, PodEventType, PodInfo
 
 log = logging.getLogger(__name__)
 

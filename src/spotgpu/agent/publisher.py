@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.agent.model import Sources, node_state_annotation, twin_health
-from spotgpu.agent.ports import KubePort
 from spotgpu.agent.steer import DeviceUse, TwinKind, pool_health
 from spotgpu.core import keys
 from spotgpu.core.errors import ValidationError
@@ -29,6 +28,7 @@ from spotgpu.core.lending import IdleForecast, LendState
 from spotgpu.core.mapping_cache import MappingSnapshot
 from spotgpu.core.refs import ContainerRef
 from spotgpu.core.types import Health
+from spotgpu.ports.kube import KubePort
 from spotgpu.ports.node import GpuDevice
 
 log = logging.getLogger(__name__)

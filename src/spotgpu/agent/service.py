@@ -53,7 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.adapters.deviceplugin import DevicePluginServer, TwinDevice
@@ -66,7 +66,6 @@ from spotgpu.agent.measure import REF_RETRY_INTERVAL, BackendUtilization, Measur
 from spotgpu.agent.model import victim_container_ids
 from spotgpu.agent.nodepods import NodePods
 from spotgpu.agent.owner_record import OwnerRecord
-from spotgpu.agent.ports import KubePort, PodEvent, PodEventType, PodInfo
 from spotgpu.agent.settings import SolverSettings
 from spotgpu.agent.solver import Solver
 from spotgpu.core.clock import Clock, SystemClock
@@ -77,7 +76,9 @@ from spotgpu.core.lending import Action
 from spotgpu.core.mapping_cache import Owner
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health
-from spotgpu.guard.port import GuardPort
+from spotgpu.ports.agent import RuntimeHost, TwinHost
+from spotgpu.ports.guard import GuardPort
+from spotgpu.ports.kube import KubePort, PodEvent, PodEventType, PodInfo
 from spotgpu.ports.node import (
     GpuBackend,
     LendStore,
@@ -108,35 +109,9 @@ ALLOCATE_REFRESH_DELAY = 0.5
 right after our answer; a short delay lets a pod's other containers be admitted first)."""
 
 
-class RuntimeHost(Protocol):
-    """spotgpu-runtime's service as the agent hosts it: :class:`~spotgpu.runtime.service.RuntimeService`, or
-    in NRI mode :class:`spotgpu.nri.service.NriRuntimeService`."""
-
-    def start(self) -> object: ...
-
-    def stop(self) -> None: ...
-
-    def counts(self) -> dict[str, int]: ...
-
-    def status(self) -> dict[str, Any]: ...
-
-
 RuntimeServiceFactory = Callable[["Agent"], RuntimeHost]
 """Builds spotgpu-runtime's service around the agent's lookups (:meth:`Agent.owner_of`,
 :meth:`Agent.lendable`)."""
-
-
-class TwinHost(Protocol):
-    """What receives every twin list the agent publishes besides its device plugins: in
-    ``agent.mode: dra`` the DRA driver (:class:`spotgpu.dra.host.DraHost`)."""
-
-    def twins_changed(self, resource: ResourceName, twins: Sequence[tuple[DeviceID, Health, int | None]]) -> None:
-        """Called under the solver's lock: record and return."""
-        ...
-
-    def start(self) -> object: ...
-
-    def stop(self) -> None: ...
 
 
 TwinHostFactory = Callable[["Agent"], TwinHost]
@@ -314,7 +289,7 @@ class Agent:
         self.reconcile()
 
     def on_owner_back(self, owner: ContainerRef) -> None:
-        """The guard's :data:`~spotgpu.agent.ports.OwnerBackHandler`: evict at once, on the guard's thread."""
+        """The guard's :data:`~spotgpu.ports.kube.OwnerBackHandler`: evict at once, on the guard's thread."""
         try:
             self.solver.owner_back(owner)
         except Exception:
@@ -547,4 +522,4 @@ class Agent:
         )
 
 
-__all__ = ["Agent", "CycleReport", "RuntimeHost", "RuntimeServiceFactory", "TwinHost", "TwinHostFactory"]
+__all__ = ["Agent", "CycleReport", "RuntimeServiceFactory", "TwinHostFactory"]

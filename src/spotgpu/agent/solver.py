@@ -73,7 +73,6 @@ from spotgpu.agent.model import (
     twin_health,
 )
 from spotgpu.agent.persistence import Record, RecordKeeper, lent_evidence
-from spotgpu.agent.ports import KubePort, PodInfo
 from spotgpu.agent.publisher import Publisher, PublishFn
 from spotgpu.agent.settings import SolverSettings
 from spotgpu.agent.solver_publish import SolverPublishing
@@ -85,7 +84,8 @@ from spotgpu.core.lending import Action, LendRules, LendState, OwnerLending
 from spotgpu.core.mapping_cache import MappingCache, MappingSnapshot, Owner
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import EvictionReason
-from spotgpu.guard.port import GuardPort
+from spotgpu.ports.guard import GuardPort
+from spotgpu.ports.kube import KubePort, PodInfo
 from spotgpu.ports.node import GpuDevice, LearnedOwner, LendStore, LentOwner, ReleaseCheck, RuntimeContainer, TaskPort
 from spotgpu.util.priority import normal_priority
 

@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from spotgpu.agent.model import AllocateRefused, TwinView, allocate_refusal, twin_ids
-from spotgpu.agent.ports import PodInfo
 from spotgpu.core import keys
 from spotgpu.core.allocations import AllocatedDevices
 from spotgpu.core.errors import ValidationError
@@ -55,6 +54,7 @@ from spotgpu.core.ids import DeviceID, NodeName, ResourceName, is_spot_id, real_
 from spotgpu.core.mapping_cache import Owner
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import Health
+from spotgpu.ports.kube import PodInfo
 from spotgpu.ports.node import GpuDevice
 
 

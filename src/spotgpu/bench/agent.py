@@ -71,7 +71,6 @@ from typing import Any
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.adapters.containerd import ContainerdTasks
 from spotgpu.adapters.devnode_gpu import DeviceNode, DeviceNodeBackend
-from spotgpu.agent.ports import ContainerInfo, PodInfo
 from spotgpu.agent.service import Agent
 from spotgpu.bench import env
 from spotgpu.core import keys
@@ -80,7 +79,8 @@ from spotgpu.core.config import AgentConfig, EvictionConfig
 from spotgpu.core.configfile import Seconds
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE, DeviceID, NodeName, to_spot_id
 from spotgpu.core.refs import ContainerRef, PodRef
-from spotgpu.guard.port import OwnerBackHandler
+from spotgpu.ports.guard import OwnerBackHandler
+from spotgpu.ports.kube import ContainerInfo, PodInfo
 from spotgpu.ports.node import TaskPort
 from spotgpu.testing.containerd import Containerd, make_rootfs
 from spotgpu.testing.fakes import FakeGuard, FakeKube, FakePodResources

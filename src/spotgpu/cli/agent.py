@@ -25,7 +25,7 @@ from spotgpu.core.configfile import ConfigError, load_yaml_file
 from spotgpu.core.errors import SpotgpuError
 from spotgpu.core.ids import NodeName
 from spotgpu.core.refs import ContainerRef
-from spotgpu.guard.port import GuardPort
+from spotgpu.ports.guard import GuardPort
 from spotgpu.util.cpuboost import CpuBoost
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ What it decides, each in one pure module (plain data in, decisions out, time an 
 Where the side effects are:
 
 * ``service``: :class:`~spotgpu.guard.service.GuardService`, the agent's guard (implements
-  :class:`~spotgpu.guard.port.GuardPort`): a loop thread on the holder's control socket and
+  :class:`~spotgpu.ports.guard.GuardPort`): a loop thread on the holder's control socket and
   the notify fds, the owner-back handler's threads, Prometheus metrics;
 * ``holder``: :class:`~spotgpu.guard.holder.FdHolder`, the ``spotgpu guard-holder`` process,
   wired from ``loop`` (epoll), ``endpoints`` (the listening sockets, runc's connections),

@@ -1,9 +1,9 @@
-"""The agent's return guard: implements :class:`~spotgpu.guard.port.GuardPort`.
+"""The agent's return guard: implements :class:`~spotgpu.ports.guard.GuardPort`.
 
 Decisions come from :class:`~spotgpu.guard.policy.GuardPolicy`; this module applies them.
 Side effects: one loop thread that attaches to the fd holder's control socket, receives copies
 of every owner's notify fds, and answers the calls they catch (CONTINUE at once, or hold);
-short-lived threads that call the agent's :data:`~spotgpu.guard.port.OwnerBackHandler`;
+short-lived threads that call the agent's :data:`~spotgpu.ports.guard.OwnerBackHandler`;
 Prometheus metrics; log lines. With ``realtime`` (the agent's ``agent.eviction.realtime``)
 the loop thread raises its own scheduling priority when it starts
 (:func:`spotgpu.util.priority.raise_thread`: ``SCHED_RR`` 10, or nice -10), and the handler
@@ -45,9 +45,9 @@ from spotgpu.guard.fdtable import NotifyFds
 from spotgpu.guard.listener import NotifyFdInfo
 from spotgpu.guard.loop import EventLoop
 from spotgpu.guard.policy import GuardPolicy, Hold, OwnerState, Release, ReleaseReason, Verdict
-from spotgpu.guard.port import GuardPort, OwnerBackHandler
 from spotgpu.guard.protocol import Op
 from spotgpu.guard.support import GuardSupport, probe
+from spotgpu.ports.guard import GuardPort, OwnerBackHandler
 from spotgpu.util.cpuboost import CpuBoost, Knob, Raised, cpu_knobs
 from spotgpu.util.priority import Priority, raise_thread
 

@@ -1,4 +1,4 @@
-"""The node agent's :class:`~spotgpu.agent.ports.KubePort` over the real Kubernetes API.
+"""The node agent's :class:`~spotgpu.ports.kube.KubePort` over the real Kubernetes API.
 
 Decides nothing: it carries out what the agent decided. Side effects: HTTP requests to the API
 server (node merge-patches, pod status patches and deletes, list and watch of the node's pods).
@@ -29,7 +29,6 @@ from collections.abc import Callable, Mapping
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
-from spotgpu.agent.ports import PodEvent, PodEventType, PodInfo
 from spotgpu.core import keys
 from spotgpu.core.clock import Clock, SystemClock
 from spotgpu.core.ids import NodeName
@@ -39,6 +38,7 @@ from spotgpu.kube.client import Backoff, Connection, NotFound, Retrier
 from spotgpu.kube.events import WARNING, EventRecorder, node_reference, pod_reference
 from spotgpu.kube.informer import EventType, Informer, WatchTarget, collection_path
 from spotgpu.kube.objects import pod_info
+from spotgpu.ports.kube import PodEvent, PodEventType, PodInfo
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final
 
-from spotgpu.agent.ports import ContainerInfo, PodInfo
 from spotgpu.core import keys
 from spotgpu.core.ids import NodeName
 from spotgpu.core.refs import PodRef
 from spotgpu.kube.resources import ObjectError, name_of, namespace_of, parse_time
+from spotgpu.ports.kube import ContainerInfo, PodInfo
 
 JSON = dict[str, Any]
 

@@ -12,5 +12,5 @@ other's package for a type (import-linter's layers contract keeps it that way):
   :mod:`spotgpu.runtime.node` over :mod:`spotgpu.adapters.kubelet`.
 
 Ports whose only implementations live above their user stay with it: the Kubernetes port in
-:mod:`spotgpu.agent.ports`, the guard's in :mod:`spotgpu.guard.port`.
+:mod:`spotgpu.ports.kube`, the guard's in :mod:`spotgpu.ports.guard`.
 """

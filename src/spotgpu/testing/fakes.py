@@ -1,7 +1,7 @@
 """In-memory implementations of the agent's ports, for tests and the agent benchmark.
 
-Each fake implements one Protocol (:class:`~spotgpu.agent.ports.KubePort`,
-:class:`~spotgpu.agent.ports.GuardPort`, and the node ports of
+Each fake implements one Protocol (:class:`~spotgpu.ports.kube.KubePort`,
+:class:`~spotgpu.ports.kube.GuardPort`, and the node ports of
 :mod:`spotgpu.ports.node`) with plain dictionaries and records what it was asked, so a
 test can assert on the calls. Side effects: none beyond the objects themselves (and the
 guard fake calling the handler it was given). Failure injection: ``fail_next`` counters raise
@@ -16,13 +16,13 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from spotgpu.agent.ports import PodEvent, PodEventType, PodInfo
 from spotgpu.core.allocations import AllocatedDevices
 from spotgpu.core.errors import TemporaryError
 from spotgpu.core.ids import DeviceID, NodeName
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.types import EvictionReason
-from spotgpu.guard.port import OwnerBackHandler
+from spotgpu.ports.guard import OwnerBackHandler
+from spotgpu.ports.kube import PodEvent, PodEventType, PodInfo
 from spotgpu.ports.node import (
     GpuDevice,
     GpuProcess,
@@ -43,7 +43,7 @@ class DeleteCall:
 
 
 class FakeKube:
-    """A :class:`~spotgpu.agent.ports.KubePort` over a dict of pods and node annotations."""
+    """A :class:`~spotgpu.ports.kube.KubePort` over a dict of pods and node annotations."""
 
     def __init__(self, pods: Sequence[PodInfo] = ()) -> None:
         self._lock = threading.Condition()
@@ -116,7 +116,7 @@ class FakeKube:
 
 
 class FakeGuard:
-    """A :class:`~spotgpu.agent.ports.GuardPort` that records arm/disarm and can signal "owner back"."""
+    """A :class:`~spotgpu.ports.kube.GuardPort` that records arm/disarm and can signal "owner back"."""
 
     def __init__(self, available: bool = True) -> None:
         self._available = available

@@ -9,7 +9,7 @@ Implementations live at the edges:
   fake in tests, the HTTP API double in the node end-to-end harness).
 * :class:`GuardPort`: the return guard (:mod:`spotgpu.guard`), armed while an owner's GPUs
   are lent; it calls the agent's :data:`OwnerBackHandler` when it catches the owner. Both are
-  defined in :mod:`spotgpu.guard.port` (so the guard needs no agent import) and re-exported here.
+  defined in :mod:`spotgpu.ports.guard` (so the guard needs no agent import) and re-exported here.
 
 Contract for every port method: idempotent where the docstring says so, raises
 :class:`~spotgpu.core.errors.TemporaryError` for failures worth retrying (connection refused,

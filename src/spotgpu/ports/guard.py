@@ -1,7 +1,7 @@
 """The return guard as the agent drives it: :class:`GuardPort` and :data:`OwnerBackHandler`.
 
 Protocols only; no side effects. :class:`~spotgpu.guard.service.GuardService` implements the
-port; the agent's solver uses it (re-exported by :mod:`spotgpu.agent.ports`). The port lives
+port; the agent's solver uses it (re-exported by :mod:`spotgpu.ports.kube`). The port lives
 here, below the agent, so that the guard never imports the agent: the layers are agent, then
 runtime, then guard (an import-linter contract in pyproject.toml keeps them so).
 """
