@@ -87,6 +87,16 @@ def guard_factory(
     return make
 
 
+def legacy_warnings(config: AgentConfig) -> list[str]:
+    """One line per legacy key the configuration sets (said once, at start)."""
+    if config.twin_replicas > 1:
+        return [
+            "agent.twinReplicas is legacy and will be removed in the next minor release: it makes every "
+            "spot twin shared; use sharedReplicas (platform/spot-gpu-shared beside exclusive twins)"
+        ]
+    return []
+
+
 def served(config: AgentConfig) -> str:
     """The device plugin resources (or the DRA driver) the configuration serves, in words."""
     if config.mode is AgentMode.DRA:
@@ -123,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"spotgpu agent: {exc}", file=sys.stderr)
         return 2
+    for warning in legacy_warnings(config):
+        log.warning("%s", warning)
     node = args.node or config.node_name or os.environ.get("NODE_NAME", "")
     if args.check:
         return _check(args.config, node, config, nri.socket_path if nri.enabled else None)
