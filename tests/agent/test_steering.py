@@ -29,7 +29,6 @@ from hypothesis import strategies as st
 from spotgpu.adapters.deviceplugin import DevicePluginServer
 from spotgpu.agent.model import AllocateRefused, allocate_annotations
 from spotgpu.agent.steer import (
-    AssignmentError,
     Candidate,
     DeviceUse,
     MatchResult,
@@ -48,7 +47,7 @@ from spotgpu.agent.steer import (
 from spotgpu.cli import main
 from spotgpu.core import keys
 from spotgpu.core.allocations import AllocatedDevices
-from spotgpu.core.codec import parse_devices_from
+from spotgpu.core.codec import AssignmentError, parse_devices_from
 from spotgpu.core.config import AgentConfig
 from spotgpu.core.configfile import ConfigError
 from spotgpu.core.ids import (

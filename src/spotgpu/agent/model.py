@@ -37,7 +37,14 @@ from typing import Final
 
 from spotgpu.core import keys
 from spotgpu.core.allocations import AllocatedDevices
-from spotgpu.core.codec import DevicesFrom, SyncKind, SyncSource, devices_from_key, format_devices_from
+from spotgpu.core.codec import (
+    DevicesFrom,
+    SyncKind,
+    SyncSource,
+    devices_from_key,
+    format_devices_from,
+    parse_assigned_devices,
+)
 from spotgpu.core.errors import PermanentError
 from spotgpu.core.holders import ReleaseScope
 from spotgpu.core.ids import (
@@ -459,21 +466,11 @@ def pending_shadows(
         container = ContainerRef(pod.ref.namespace, pod.ref.name, pod.containers[0].name)
         if container in holders:
             continue
-        for device in _assigned_reals(pod.annotations.get(keys.ASSIGNED_DEVICES, "")):
+        assigned = parse_assigned_devices(pod.annotations.get(keys.ASSIGNED_DEVICES) or "{}", strict=False)
+        for device in (DeviceID(d) for ids in assigned.values() for d in ids):
             if index.get(device, (None, ()))[0] is IDLE_SPACE:
                 out.setdefault(device, container)
     return out
-
-
-def _assigned_reals(raw: str) -> list[DeviceID]:
-    """Real IDs in a ShadowPod's ``spotgpu.io/assigned-devices`` (malformed: none)."""
-    try:
-        data = json.loads(raw) if raw else {}
-    except ValueError:
-        return []
-    if not isinstance(data, dict):
-        return []
-    return [DeviceID(d) for ids in data.values() if isinstance(ids, list) for d in ids if isinstance(d, str)]
 
 
 def node_state_annotation(

@@ -41,7 +41,6 @@ Decisions made here:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -49,7 +48,7 @@ from enum import StrEnum
 from spotgpu.agent.model import AllocateRefused, TwinView, allocate_refusal, twin_ids
 from spotgpu.core import keys
 from spotgpu.core.allocations import AllocatedDevices
-from spotgpu.core.errors import ValidationError
+from spotgpu.core.codec import AssignmentError, parse_assigned_devices
 from spotgpu.core.ids import DeviceID, NodeName, ResourceName, is_spot_id, real_of_twin, shared_resource_of
 from spotgpu.core.mapping_cache import Owner
 from spotgpu.core.refs import ContainerRef, PodRef
@@ -216,23 +215,6 @@ def check_kinds(
 
 
 # --- which pod is being admitted ----------------------------------------------------------------
-
-
-class AssignmentError(ValidationError):
-    """A pod's ``spotgpu.io/assigned-devices`` annotation cannot be read."""
-
-
-def parse_assigned_devices(raw: str) -> dict[str, list[str]]:
-    """``spotgpu.io/assigned-devices`` (``{"<resource>": ["<id>", ...]}``, written by the scheduler
-    into the Binding) as a dict; :class:`AssignmentError` when malformed. Also used by the
-    scheduler's snapshot builder, so both sides read it alike."""
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise AssignmentError(f"annotation {keys.ASSIGNED_DEVICES} is not JSON: {exc}") from None
-    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
-        raise AssignmentError(f"annotation {keys.ASSIGNED_DEVICES} must map a resource to a list of IDs")
-    return {str(k): [str(i) for i in v] for k, v in data.items()}
 
 
 def assigned_gpus(annotations: Mapping[str, str], known: Collection[str]) -> tuple[DeviceID, ...]:
@@ -500,7 +482,6 @@ def steering_mismatches(
 __all__ = [
     "NO_USE",
     "AllocationMatch",
-    "AssignmentError",
     "Candidate",
     "DeviceUse",
     "MatchResult",
@@ -516,7 +497,6 @@ __all__ = [
     "device_use",
     "in_use_of",
     "match_allocation",
-    "parse_assigned_devices",
     "pool_health",
     "prefer",
     "steering_mismatches",

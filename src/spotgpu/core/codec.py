@@ -31,7 +31,7 @@ canonical form (:func:`format_devices_from`) is compact JSON with sorted keys, a
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
@@ -350,12 +350,44 @@ def devices_from_for_container(annotations: Mapping[str, str], container: str) -
     return merged
 
 
+# --- spotgpu.io/assigned-devices -----------------------------------------------------------
+
+
+class AssignmentError(ValidationError):
+    """A pod's ``spotgpu.io/assigned-devices`` annotation cannot be read."""
+
+
+def format_assigned_devices(resource: str, devices: Iterable[str]) -> str:
+    """``spotgpu.io/assigned-devices`` as the scheduler writes it: ``{"<resource>": ["<id>", ...]}``."""
+    return json.dumps({resource: list(devices)}, separators=(",", ":"), sort_keys=True)
+
+
+def parse_assigned_devices(raw: str, *, strict: bool = True) -> dict[str, list[str]]:
+    """``spotgpu.io/assigned-devices`` as a dict. ``strict``: :class:`AssignmentError` when it is
+    not JSON or not a map of resources to lists of IDs; otherwise what is malformed is left out
+    (a view for operators, a hint no decision rests on)."""
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        if strict:
+            raise AssignmentError(f"annotation {keys.ASSIGNED_DEVICES} is not JSON: {exc}") from None
+        return {}
+    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+        if strict:
+            raise AssignmentError(f"annotation {keys.ASSIGNED_DEVICES} must map a resource to a list of IDs")
+        data = {k: v for k, v in data.items() if isinstance(v, list)} if isinstance(data, dict) else {}
+    if strict:
+        return {str(k): [str(i) for i in v] for k, v in data.items()}
+    return {str(k): [i for i in v if isinstance(i, str)] for k, v in data.items()}
+
+
 __all__ = [
     "DIRECT_KEY",
     "MAX_DEVICES_PER_RESOURCE",
     "MAX_SOURCES",
     "MAX_VALUE_BYTES",
     "AnnotationTooLarge",
+    "AssignmentError",
     "ConflictingSources",
     "DevicesFrom",
     "DevicesFromError",
@@ -374,6 +406,8 @@ __all__ = [
     "container_of_key",
     "devices_from_for_container",
     "devices_from_key",
+    "format_assigned_devices",
     "format_devices_from",
+    "parse_assigned_devices",
     "parse_devices_from",
 ]

@@ -54,8 +54,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spotgpu.agent.steer import AssignmentError, parse_assigned_devices
 from spotgpu.core import keys
+from spotgpu.core.codec import AssignmentError, parse_assigned_devices
 from spotgpu.core.errors import ValidationError
 from spotgpu.core.ids import (
     NVIDIA_GPU_RESOURCE,

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spotgpu.core import keys
+from spotgpu.core.codec import parse_assigned_devices
 from spotgpu.core.errors import ValidationError
 from spotgpu.core.ids import SPOT_GPU_RESOURCE, from_spot_id
 from spotgpu.kube.client import Connection
@@ -111,10 +112,10 @@ def _spot_users(pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], list
         if not node or pod_phase(pod) in ("Succeeded", "Failed"):
             continue
         raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.ASSIGNED_DEVICES)
+        twins = parse_assigned_devices(raw, strict=False).get(SPOT_GPU_RESOURCE, []) if raw else []
         try:
-            twins = json.loads(raw).get(SPOT_GPU_RESOURCE, []) if raw else []
             reals = [from_spot_id(t) for t in twins]
-        except (ValueError, AttributeError, ValidationError):
+        except ValidationError:
             continue
         for real in reals:
             users.setdefault((node, real), []).append(f"{namespace_of(pod)}/{name_of(pod)}")

@@ -9,12 +9,13 @@ simulator and tests use it. Re-exported by :mod:`spotgpu.scheduler.model` and
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
 from spotgpu.core import keys
+from spotgpu.core.codec import format_assigned_devices
 from spotgpu.core.ids import SPOT_GPU_RESOURCE, DeviceID, NodeName, ResourceName, to_spot_id
 from spotgpu.core.refs import ContainerRef, PodRef
 from spotgpu.core.shadow import shadow_labels
@@ -42,10 +43,6 @@ class DeviceOwner:
 
     device: DeviceID
     owner: ContainerRef
-
-
-def _devices_json(resource: str, devices: Iterable[str]) -> str:
-    return json.dumps({resource: list(devices)}, separators=(",", ":"), sort_keys=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +78,11 @@ class Bind:
 
     def annotations(self) -> dict[str, str]:
         """Pod annotations to write before binding (device-owner for spot pods; assigned devices)."""
-        out = {keys.ASSIGNED_DEVICES: _devices_json(self.resource, self.twin_ids() if self.spot else self.devices)}
+        out = {
+            keys.ASSIGNED_DEVICES: format_assigned_devices(
+                self.resource, self.twin_ids() if self.spot else self.devices
+            )
+        }
         if self.owners:
             out[keys.DEVICE_OWNER] = json.dumps(
                 {o.device: o.owner.format() for o in self.owners}, separators=(",", ":"), sort_keys=True
@@ -117,7 +118,7 @@ class CreateShadowPod:
     def annotations(self) -> dict[str, str]:
         return {
             keys.POD_DEVICE_TYPE: PodDeviceType.SHADOW.value,
-            keys.ASSIGNED_DEVICES: _devices_json(self.resource, self.devices),
+            keys.ASSIGNED_DEVICES: format_assigned_devices(self.resource, self.devices),
             keys.SHADOW_FOR: self.group.format(),
         }
 
