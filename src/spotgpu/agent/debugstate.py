@@ -75,7 +75,7 @@ def guard_state(guard: GuardPort, owners: Iterable[ContainerRef]) -> dict[str, A
     owners = list(owners)
     return {
         "available": guard.available,
-        "attached": bool(getattr(guard, "attached", False)),
+        "attached": guard.attached,
         "armed": sorted(o.format() for o in owners if guard.is_armed(o)),
         "covers": sorted(o.format() for o in owners if guard.covers(o)),
     }

@@ -15,7 +15,6 @@ from spotgpu.core import keys
 from spotgpu.core.refs import ContainerRef
 from spotgpu.ports.guard import GuardPort
 from spotgpu.ports.kube import PodInfo
-from spotgpu.runtime.modifiers.guard_rule import GUARD_OPT_OUT
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +60,8 @@ class GuardExecutor:
         """Why the guard does not cover the owner of ``pod``, for people (a node event)."""
         if not self.present:
             return "is not available on this node"
-        if pod is not None and pod.annotations.get(keys.GUARD) == GUARD_OPT_OUT:
-            return f"is opted out ({keys.GUARD}: {GUARD_OPT_OUT})"
+        if pod is not None and pod.annotations.get(keys.GUARD) == keys.GUARD_OPT_OUT:
+            return f"is opted out ({keys.GUARD}: {keys.GUARD_OPT_OUT})"
         return f"holds no notify fd of it (rule not injected, see {keys.GUARD_SKIPPED} in its spec, or the fd was lost)"
 
 

@@ -352,20 +352,15 @@ class Agent:
                 self._spawn("holder-watch", partial(self.holder_watch.run, self._stop))
 
     def _start_guard(self) -> None:
-        guard_start = getattr(self.guard, "start", None)
-        if guard_start is None:
+        if self.guard is None:
             return
-        guard_start()
-        wait_until = getattr(self.guard, "wait_until", None)
-        available = self.guard is not None and self.guard.available
-        if available and wait_until is not None:
-            attached = wait_until(lambda g: bool(getattr(g, "attached", True)), GUARD_ATTACH_WAIT)
-            if not attached:
-                log.warning(
-                    "guard: not attached to its fd holder after %.1fs; lent owners are re-armed anyway "
-                    "and covered once it attaches",
-                    GUARD_ATTACH_WAIT,
-                )
+        self.guard.start()
+        if self.guard.available and not self.guard.wait_attached(GUARD_ATTACH_WAIT):
+            log.warning(
+                "guard: not attached to its fd holder after %.1fs; lent owners are re-armed anyway "
+                "and covered once it attaches",
+                GUARD_ATTACH_WAIT,
+            )
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
         thread = threading.Thread(target=target, name=f"agent-{name}", daemon=True)
@@ -384,8 +379,8 @@ class Agent:
         if self.runtime_service is not None:
             self.runtime_service.stop()
             self.runtime_service = None
-        if guard_stop := getattr(self.guard, "stop", None):
-            guard_stop()
+        if self.guard is not None:
+            self.guard.stop()
         self.metrics.close()
         self._pinner.shutdown(wait=True, cancel_futures=True)
         self.solver.close()

@@ -69,7 +69,9 @@ SCHEDULER_NAME: Final = "spotgpu"
 
 # --- return guard -----------------------------------------------------------------------------
 GUARD: Final = "spotgpu.io/return-guard"
-"""On an owner pod: ``disabled`` opts the pod out of the guard's seccomp rule."""
+"""On an owner pod: :data:`GUARD_OPT_OUT` opts the pod out of the guard's seccomp rule."""
+GUARD_OPT_OUT: Final = "disabled"
+"""The value of :data:`GUARD` that opts a pod out."""
 GUARDED: Final = "spotgpu.io/guarded"
 """Written by spotgpu-runtime into an owner's spec when it injected the guard rule."""
 

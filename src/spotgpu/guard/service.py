@@ -212,6 +212,9 @@ class GuardService:
         with self._lock:
             return self._policy.holds()
 
+    def wait_attached(self, timeout: float) -> bool:
+        return self.wait_until(lambda g: g.attached, timeout)
+
     def wait_until(self, predicate: Callable[[GuardService], bool], timeout: float) -> bool:
         """Block until ``predicate(self)`` holds (checked on every state change) or ``timeout``."""
         deadline = time.monotonic() + timeout

@@ -35,6 +35,21 @@ class GuardPort(Protocol):
 
     def is_armed(self, owner: ContainerRef) -> bool: ...
 
+    @property
+    def attached(self) -> bool:
+        """Attached to (and synced with) the fd holder that keeps its notify fds across restarts."""
+        ...
+
+    def start(self) -> None:
+        """Start (check support, connect to the fd holder); ``available`` is known after it."""
+        ...
+
+    def stop(self) -> None: ...
+
+    def wait_attached(self, timeout: float) -> bool:
+        """Block until :attr:`attached` or ``timeout`` seconds; whether it attached."""
+        ...
+
     def covers(self, owner: ContainerRef) -> bool:
         """A notify fd of ``owner`` is held here: the guard can catch its return. False for an
         owner the rule was not injected into (``spotgpu.io/guard-skipped``), whose fd was lost,

@@ -132,6 +132,19 @@ class FakeGuard:
     def available(self) -> bool:
         return self._available
 
+    @property
+    def attached(self) -> bool:
+        return True
+
+    def start(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+    def wait_attached(self, timeout: float) -> bool:
+        return True
+
     def arm(self, owner: ContainerRef) -> None:
         with self._lock:
             if self.fail_arm:

@@ -23,14 +23,10 @@ the agent can trust them when it decides whether an owner's GPUs may be lent.
 
 from __future__ import annotations
 
-from typing import Final
-
 from spotgpu.core import keys
 from spotgpu.core.errors import SpotgpuError
 from spotgpu.runtime.modifiers.base import ModifyContext
 from spotgpu.runtime.spec import ContainerKind, Spec, set_annotation, string_annotations
-
-GUARD_OPT_OUT: Final = "disabled"
 
 
 class GuardRule:
@@ -56,8 +52,8 @@ class GuardRule:
         listener = str(ctx.config.guard_listener_path)
         if skip is not None:
             pass
-        elif string_annotations(spec).get(keys.GUARD) == GUARD_OPT_OUT:
-            skip = f"opted-out: the pod sets {keys.GUARD}={GUARD_OPT_OUT}"
+        elif string_annotations(spec).get(keys.GUARD) == keys.GUARD_OPT_OUT:
+            skip = f"opted-out: the pod sets {keys.GUARD}={keys.GUARD_OPT_OUT}"
         elif not ctx.config.guard_enabled:
             skip = "guard-disabled: runtime.guardEnabled is false on this node"
         elif ctx.guard is None:
@@ -77,4 +73,4 @@ class GuardRule:
         ctx.notes.append(f"guard not installed for owner {owner}: {skip}")
 
 
-__all__ = ["GUARD_OPT_OUT", "GuardRule"]
+__all__ = ["GuardRule"]
