@@ -304,3 +304,22 @@ def test_the_scheduler_creates_only_gangjob_pods_elsewhere(creates_policy: dict[
 def test_others_creating_pods_are_not_this_policys_business(creates_policy: dict[str, Any]) -> None:
     tenant = _changed(gangjob_pod(), lambda p: p["metadata"].pop("ownerReferences"))
     assert admit(creates_policy, create(tenant, TENANT[0])) == []
+
+
+@pytest.fixture(scope="module")
+def own_pods_policy(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(docs, "ValidatingAdmissionPolicy", "-scheduler-own-pods")
+
+
+def test_the_scheduler_deletes_and_changes_only_its_own_pods(own_pods_policy: dict[str, Any]) -> None:
+    """Attack: a stolen scheduler token deleting the control plane's pods, or another scheduler's."""
+    scheduler = {"username": SCHEDULER[0]}
+    mine = gangjob_pod()
+    theirs = _changed(mine, lambda p: p["spec"].update(schedulerName="default-scheduler"))
+    control_plane = _changed(theirs, lambda p: p["metadata"].update(namespace="kube-system"))
+    for pod, denied in ((mine, False), (shadow_pod(), False), (theirs, True), (control_plane, True)):
+        assert bool(admit(own_pods_policy, delete(pod, scheduler))) is denied
+        assert bool(admit(own_pods_policy, status_update(pod, pod, scheduler))) is denied
+        patch = {**status_update(pod, pod, scheduler), "subResource": None}
+        assert bool(admit(own_pods_policy, patch)) is denied
+    assert admit(own_pods_policy, delete(control_plane, as_agent("n1"))) == []  # not the scheduler
