@@ -340,7 +340,10 @@ def test_the_release_namespace_and_tenant_namespaces_are_matched(
 def test_the_excluded_namespaces_are_configurable_but_never_the_release_namespace() -> None:
     def policies(excluded: list[str]) -> list[dict[str, Any]]:
         rendered = documents(render_chart(CHART, {"admission": {"excludedNamespaces": excluded}}))
-        return [d for d in rendered if d["kind"] == "ValidatingAdmissionPolicy"]
+        suffixes = ("-scheduler-metadata", "-spot-pods-no-real-gpus")  # the tenant-facing pod policies
+        return [
+            d for d in rendered if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].endswith(suffixes)
+        ]
 
     for policy in policies([]):
         assert "namespaceSelector" not in policy["spec"]["matchConstraints"]

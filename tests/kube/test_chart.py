@@ -175,7 +175,9 @@ def test_agent_daemonset_has_host_pid_and_the_node_sockets() -> None:
     for name, host in mounts.items():
         if name != "runtime-install":
             assert mounted[name] == host, f"{name} must be mounted at its host path"
-    check, install = pod["initContainers"]
+    check, install, script = pod["initContainers"]
+    assert script["command"][-2:] == [GUARDED_IN_IMAGE, "/usr/local/lib/spotgpu/spotgpu-guarded-containers"]
+    assert {m["name"] for m in script["volumeMounts"]} == {"runtime-install"}
     assert check["name"] == "check-lower-runtime" and check["command"] == [HOST_RUNTIME_IN_IMAGE, "--version"]
     assert _env(check)["SPOTGPU_HOST_RUNTIME"] == "/usr/bin/runc"  # agent.runtime.config.lowerRuntime
     assert install["command"][:2] == ["spotgpu-runtime", "install-shim"]
@@ -238,6 +240,7 @@ def test_container_arguments_parse_with_our_cli(manifests: list[dict[str, Any]])
 HOST_RUNTIME_SCRIPT = ROOT / "deploy" / "bin" / "spotgpu-host-runtime"
 HOST_RUNTIME_IN_IMAGE = "/usr/local/bin/spotgpu-host-runtime"
 GUARDED_SCRIPT = ROOT / "deploy" / "node" / "spotgpu-guarded-containers"
+GUARDED_IN_IMAGE = "/usr/local/share/spotgpu/spotgpu-guarded-containers"  # deploy/Dockerfile
 
 
 def _env(container: dict[str, Any]) -> dict[str, str]:
@@ -518,13 +521,14 @@ def test_containerd_loads_the_snippet_as_a_drop_in(tmp_path: Path) -> None:
 def test_dockerfile_installs_the_package_and_runs_the_cli() -> None:
     text = (ROOT / "deploy/Dockerfile").read_text()
     assert 'ENTRYPOINT ["spotgpu"]' in text
-    assert re.search(r"pip install .*\s\.\s*$", text, re.M)
+    assert re.search(r"pip install .*--no-index \.(\s|$)", text, re.M)  # this source, nothing fetched
     assert "USER 65532" in text
     # the guard's runc check: the script the chart names, installed where the chart looks
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["agent"]["config"]["guard"]["runtimeBinary"] == HOST_RUNTIME_IN_IMAGE
     assert f"COPY deploy/bin/spotgpu-host-runtime {HOST_RUNTIME_IN_IMAGE}" in text
     assert "nsenter --version" in text  # the build fails where nsenter is missing
+    assert f"COPY deploy/node/spotgpu-guarded-containers {GUARDED_IN_IMAGE}" in text  # the chart installs it
 
 
 def test_the_build_context_keeps_what_the_dockerfile_copies() -> None:

@@ -15,6 +15,8 @@ from typing import Any
 import yaml
 from gotemplate import render_chart
 from kubehelpers import wait_for
+from rbaceval import Attributes, attributes, service_account
+from rbaceval import allowed as rbac_allows
 
 from spotgpu.core import keys
 from spotgpu.core.ids import NodeName
@@ -34,20 +36,8 @@ Permission = tuple[str, str, str]
 
 
 def permission(r: RecordedRequest) -> Permission:
-    parts = [p for p in r.path.split("/") if p]
-    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
-    if len(rest) >= 2 and rest[0] == "namespaces" and len(rest) > 2:
-        rest = rest[2:]
-    resource = rest[0] + (f"/{rest[2]}" if len(rest) == 3 else "")
-    named = len(rest) >= 2
-    verb = {
-        "GET": ("watch" if "watch" in r.query else "list") if not named else "get",
-        "POST": "create",
-        "PUT": "update",
-        "PATCH": "patch",
-        "DELETE": "delete",
-    }[r.method]
-    return group, resource, verb
+    a = attributes(r)
+    return a.group, a.resource, a.verb
 
 
 def granted(docs: list[dict[str, Any]], component: str) -> set[Permission]:
@@ -62,7 +52,8 @@ def granted(docs: list[dict[str, Any]], component: str) -> set[Permission]:
 
 
 def rendered() -> list[dict[str, Any]]:
-    return [d for text in render_chart(CHART).values() for d in yaml.safe_load_all(text) if d]
+    values = {"scheduler": {"gangjobNamespaces": ["ml"]}}  # the namespace of the scenario's GangJob
+    return [d for text in render_chart(CHART, values).values() for d in yaml.safe_load_all(text) if d]
 
 
 def node(name: str) -> dict[str, Any]:
@@ -78,8 +69,16 @@ def node(name: str) -> dict[str, Any]:
 
 
 def check(api: KubeApiServer, component: str) -> None:
-    used = {permission(r) for r in api.requests() if not r.path.startswith("/version")}
-    allowed = granted(rendered(), component)
+    """Every request the component made is allowed, namespace and name considered, to its own
+    service account (rbaceval: bindings, Roles per namespace, resourceNames), and its roles grant
+    no (group, resource, verb) it never used."""
+    docs = rendered()
+    user, groups = service_account("spotgpu-system", f"spotgpu-{component}")
+    requests = [r for r in api.requests() if not r.path.startswith("/version")]
+    refused = sorted({str(attributes(r)) for r in requests if not rbac_allows(docs, user, groups, attributes(r))})
+    assert not refused, f"{component} is refused {refused}"
+    used = {permission(r) for r in requests}
+    allowed = granted(docs, component)
     missing = sorted(used - allowed)
     assert not missing, f"{component} lacks RBAC for {missing}"
     unused = sorted(allowed - used)
@@ -212,6 +211,8 @@ def test_the_permission_mapping() -> None:
         return RecordedRequest(method, path, query, "", None)
 
     assert permission(req("POST", "/api/v1/namespaces/ml/pods/p/binding")) == ("", "pods/binding", "create")
+    assert attributes(req("DELETE", "/api/v1/namespaces/ml/pods/p")) == Attributes("delete", "", "pods", "ml", "p")
+    assert attributes(req("GET", "/api/v1/namespaces/ml/pods")) == Attributes("list", "", "pods", "ml")
     assert permission(req("GET", "/api/v1/pods", watch="true")) == ("", "pods", "watch")
     assert permission(req("GET", "/apis/scheduling.spotgpu.io/v1alpha1/queues")) == (keys.API_GROUP, "queues", "list")
     assert permission(req("PATCH", "/apis/scheduling.spotgpu.io/v1alpha1/queues/q/status")) == (

@@ -205,5 +205,14 @@ def _present(args: argparse.Namespace, result: SimulationResult) -> int:
         except OSError as exc:
             print(f"spotgpu simulate: --out {args.out}: cannot write the report: {exc}", file=sys.stderr)
             return EXIT_WRITE
+        except ModuleNotFoundError as exc:
+            if exc.name != "matplotlib":
+                raise
+            print(
+                "spotgpu simulate: --out draws its plots with matplotlib, which is not installed "
+                "(the plot extra: pip install 'spotgpu[plot]')",
+                file=sys.stderr,
+            )
+            return EXIT_WRITE
         print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
     return 0

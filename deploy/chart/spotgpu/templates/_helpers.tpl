@@ -103,3 +103,9 @@ namespaceSelector:
       values: {{ toJson . }}
 {{- end }}
 {{- end }}
+
+{{/* The spot resources as a CEL list: admission.spotResource and its shared twin. */}}
+{{- define "spotgpu.spotResourcesCel" -}}
+{{- printf "['%s', '%s-shared']" .Values.admission.spotResource .Values.admission.spotResource -}}
+{{- end -}}
+
