@@ -101,22 +101,19 @@ def device_file(path: str, container_paths: Sequence[str] = ()) -> DeviceFile | 
 
 def cgroup_pids(root: Path) -> Iterator[tuple[str, list[int]]]:
     """``(cgroup path relative to the mount, pids)`` for ``root`` and every cgroup below it."""
-    stack = [root]
+    stack = [str(root)]  # plain strings, no pathlib: the detection cycle walks this every round
     while stack:
         folder = stack.pop()
         try:
             with os.scandir(folder) as entries:
-                children = [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
-        except OSError:
-            continue
-        stack.extend(children)
-        try:
-            text = (folder / "cgroup.procs").read_text()
+                stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
+            with open(folder + "/cgroup.procs") as procs:
+                text = procs.read()
         except OSError:
             continue
         pids = [int(p) for p in text.split() if p.isdigit()]
         if pids:
-            yield str(folder), pids
+            yield folder, pids
 
 
 def hierarchy(base: Path = CGROUP_MOUNT) -> Path:

@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import itertools
 import json
 import logging
@@ -271,7 +272,8 @@ class Node:
         """``count`` spot containers, each holding one stand-in GPU open (in parallel)."""
 
         def start(i: int) -> str:
-            cid = f"spot-{os.getpid()}-{tag}-{i}"  # unique per process: runc's state is machine-wide
+            # 64-hex as a CRI container ID is; unique per process: runc's state is machine-wide
+            cid = hashlib.sha256(f"spot-{os.getpid()}-{tag}-{i}".encode()).hexdigest()
             containerd.run_detached(
                 cid,
                 self.rootfs,
