@@ -43,10 +43,13 @@ def test_growth_is_judged_after_the_warm_up_against_its_peak() -> None:
     assert flat.growth() is None
     warming = Instance(2, [{"rss_kb": 50 + 10 * i, "fds": 10, "threads": 4} for i in range(WARMUP_SAMPLES)])
     assert warming.growth() is None  # still warming up: not judged
-    leaking = Instance(3, [*warming.samples, {"rss_kb": 200, "fds": 10, "threads": 4}])
-    assert leaking.growth() is not None and "rss_kb" in (leaking.growth() or "")
-    fds = Instance(4, [*flat.samples[:WARMUP_SAMPLES], {"rss_kb": 100, "fds": 12, "threads": 4}])
+    leaking = Instance(3, [*warming.samples, *[{"rss_kb": 200 + i, "fds": 10, "threads": 4} for i in range(5)]])
+    assert leaking.growth() is not None and "rss_kb 200" in (leaking.growth() or "")
+    later = [{"rss_kb": 100, "fds": 12, "threads": 4}] * WARMUP_SAMPLES
+    fds = Instance(4, [*flat.samples[:WARMUP_SAMPLES], *later])
     assert "fds 12" in (fds.growth() or "")
+    spike = [{"rss_kb": 100, "fds": 10 + 3 * (i == 2), "threads": 4} for i in range(WARMUP_SAMPLES)]
+    assert Instance(5, [*flat.samples[:WARMUP_SAMPLES], *spike]).growth() is None  # a moment's fds
 
 
 @pytest.mark.root

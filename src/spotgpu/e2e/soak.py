@@ -19,8 +19,8 @@ which lends, starts spot work and brings the owner back in its own way
 * **no zombies**: no process in state Z for over a second whose parent is the soak, the agent,
   the holder or containerd, or inside the run's cgroups;
 * **resources flat**: agent and holder RSS, open fds and threads, per process instance (a
-  restart starts a new one), may grow at most 10 % above the most seen during that instance's
-  warm-up (its first :data:`WARMUP_SAMPLES` samples).
+  restart starts a new one): the least of its latest :data:`WARMUP_SAMPLES` samples may exceed
+  the most seen during its warm-up (its first :data:`WARMUP_SAMPLES` samples) by at most 10 %.
 """
 
 from __future__ import annotations
@@ -101,14 +101,16 @@ class Instance:
     samples: list[dict[str, int]] = field(default_factory=list)
 
     def growth(self) -> str | None:
-        """What grew beyond :data:`GROWTH` over the warm-up's peak (None: flat)."""
-        if len(self.samples) <= WARMUP_SAMPLES:
+        """What grew beyond :data:`GROWTH` over the warm-up's peak (None: flat). The level is the
+        least of the latest :data:`WARMUP_SAMPLES` samples: a leak raises it, a connection or a
+        pidfd open for a moment at one sample does not."""
+        if len(self.samples) < 2 * WARMUP_SAMPLES:
             return None
-        last = self.samples[-1]
         for key in RESOURCES:
             peak = max(s[key] for s in self.samples[:WARMUP_SAMPLES])
-            if last[key] > peak * (1 + GROWTH):
-                return f"{key} {last[key]} > warm-up peak {peak} + {GROWTH:.0%}"
+            level = min(s[key] for s in self.samples[-WARMUP_SAMPLES:])
+            if level > peak * (1 + GROWTH):
+                return f"{key} {level} (least of the latest {WARMUP_SAMPLES}) > warm-up peak {peak} + {GROWTH:.0%}"
         return None
 
 
