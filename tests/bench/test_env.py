@@ -122,3 +122,13 @@ def test_bench_scheduler_runs_beside_a_load_and_says_so(capsys: pytest.CaptureFi
     figures = json.loads(capsys.readouterr().out)
     assert figures["environment"]["background_load"] == 1
     assert len(figures["environment"]["load_average_before"]) == 3
+
+
+@pytest.mark.skipif(not Path("/bin/busybox").exists(), reason="needs /bin/busybox")
+def test_host_processes_idle_hold_files_every_other_one_and_are_reaped() -> None:
+    with env.host_processes(6) as pids:
+        assert len(pids) == 6
+        assert all(_state(p) == "S" for p in pids)  # asleep: they cost no CPU
+        held = [sorted(os.readlink(f"/proc/{p}/fd/{fd}") for fd in os.listdir(f"/proc/{p}/fd")) for p in pids]
+        assert sum(1 for files in held if set(env.HOST_FILES[:3]) <= set(files)) == 3
+    assert all(_state(p) is None for p in pids)

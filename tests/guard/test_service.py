@@ -4,6 +4,7 @@ guard taking over, a misbehaving control client."""
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import threading
 import time
@@ -16,6 +17,7 @@ from spotgpu.core.clock import ManualClock
 from spotgpu.core.config import GuardConfig
 from spotgpu.guard import protocol
 from spotgpu.guard.holder import FdHolder
+from spotgpu.guard.listener import NotifyFdInfo
 from spotgpu.guard.protocol import Op
 from spotgpu.guard.service import GuardService
 from spotgpu.guard.support import GuardSupport
@@ -132,4 +134,36 @@ def test_holder_times_out_a_silent_control_connection_on_its_injected_clock(tmp_
         client.close()
         holder.stop()
         thread.join(5)
+        holder.close()
+
+
+class RecordingGate:
+    """A :class:`~spotgpu.guard.gate.ReleaseGate` that records whom it was asked to clear."""
+
+    def __init__(self) -> None:
+        self.cleared: list[int] = []
+
+    def clear(self, pid: int) -> str:
+        self.cleared.append(pid)
+        return "recorded"
+
+
+def test_the_holder_clears_the_owner_s_gpus_before_releasing_a_lost_guard_s_held_call(tmp_path: Path) -> None:
+    """The guard that held the owner's call is gone: the holder asks its gate (the release check)
+    about the owner container's process before it continues the call, and only for held calls."""
+    gate = RecordingGate()
+    holder = FdHolder(tmp_path / "l.sock", tmp_path / "c.sock", UNSUPPORTED, gate=gate)
+    holder.start()
+    read, write = os.pipe()  # stands in for the owner's notify fd (its CONTINUE fails and is logged)
+    try:
+        info = NotifyFdInfo(key="k1", container_id="c" * 64, pid=os.getpid(), init_pid=1, exec=False, owner=None)
+        assert holder.adopt(read, info, 1, forward=False) is not None
+        holder.takeover("no call held")
+        assert gate.cleared == []
+        holder.link.reported.add(("k1", 7))
+        holder.takeover("guard lost while holding a call")
+        assert gate.cleared == [os.getpid()]
+        assert not holder.link.reported
+    finally:
+        os.close(write)
         holder.close()

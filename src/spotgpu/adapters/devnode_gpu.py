@@ -17,17 +17,26 @@ Utilization: a device node has none. Each device reads ``<utilization_dir>/<devi
 percentage written by whoever knows, e.g. the test harness) when that file exists; otherwise
 100 when any process holds the device open, else 0. Use a vendor exporter for real numbers.
 
-Cost: one ``listdir`` per process and one ``readlink`` per open file descriptor on the node.
+Which processes are looked at: with ``pids`` (:class:`CgroupPids`, what the agent builds from
+``agent.eviction.releaseCheck.cgroupRoots``) only the processes of the kubelet's pod cgroups,
+found by the release check's walk (:func:`spotgpu.adapters.holderscan.cgroup_pids`): GPU use is
+attributed to containers anyway, and the cost does not grow with the host's other processes.
+Without it (or when no root exists on this machine: no kubelet here) every process in ``/proc``.
+
+Cost: one ``listdir`` per process looked at and one ``readlink`` per open file descriptor of
+those processes (plus, with ``pids``, one read of ``cgroup.procs`` per cgroup below the roots).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from spotgpu.adapters.holderscan import cgroup_pids, hierarchy
 from spotgpu.core.ids import DeviceID, validate_device_id
 from spotgpu.ports.node import GpuDevice, GpuProcess
 
@@ -49,13 +58,41 @@ class DeviceNode:
             raise ValueError(f"device {self.id}: path {self.path!r} must be absolute")
 
 
+log = logging.getLogger(__name__)
+
+
+class CgroupPids:
+    """The PIDs of every process below the pod cgroup roots (``roots`` relative to the cgroup
+    hierarchy walked, as the release check's). :meth:`pids` answers None when none of the roots
+    exists (a machine without a kubelet): the backend then looks at every process."""
+
+    def __init__(self, roots: Sequence[str], *, mount: Path | None = None) -> None:
+        self.mount = mount if mount is not None else hierarchy()
+        self.roots = tuple(roots)
+        self._warned = False
+
+    def pids(self) -> list[int] | None:
+        present = [self.mount / r for r in self.roots if (self.mount / r).is_dir()]
+        if not present:
+            if not self._warned:
+                self._warned = True
+                log.warning("devnode: no pod cgroup root %s under %s; scanning every process", self.roots, self.mount)
+            return None
+        return [pid for root in present for _, pids in cgroup_pids(root) for pid in pids]
+
+
 class DeviceNodeBackend:
     """A :class:`~spotgpu.ports.node.GpuBackend` over device nodes (see module docstring)."""
 
     name = "devnode"
 
     def __init__(
-        self, nodes: Sequence[DeviceNode], *, proc_root: Path = Path("/proc"), utilization_dir: Path | None = None
+        self,
+        nodes: Sequence[DeviceNode],
+        *,
+        proc_root: Path = Path("/proc"),
+        utilization_dir: Path | None = None,
+        pids: CgroupPids | None = None,
     ) -> None:
         ids = [n.id for n in nodes]
         if len(set(ids)) != len(ids):
@@ -63,6 +100,8 @@ class DeviceNodeBackend:
         self.nodes = tuple(sorted(nodes, key=lambda n: n.index))
         self.proc_root = proc_root
         self.utilization_dir = utilization_dir
+        self.pids = pids
+        """Where the processes to look at come from (None: all of ``proc_root``)."""
         self._last_pids: dict[DeviceID, tuple[GpuProcess, ...]] = {}
 
     def _rdev(self, node: DeviceNode) -> int | None:
@@ -90,13 +129,7 @@ class DeviceNodeBackend:
                 by_path.setdefault(path, []).append((node, rdev))
         found: dict[DeviceID, set[int]] = {n.id: set() for n in self.nodes}
         root = str(self.proc_root)
-        try:
-            entries = os.listdir(root)
-        except OSError:
-            entries = []
-        for entry in entries:
-            if not entry.isdigit():
-                continue
+        for entry in self._candidates():
             fd_dir = f"{root}/{entry}/fd"
             try:
                 fds = os.listdir(fd_dir)
@@ -123,6 +156,16 @@ class DeviceNodeBackend:
         self._last_pids = result
         return result
 
+    def _candidates(self) -> Iterable[str]:
+        """The PIDs to look at (as ``/proc`` entry names)."""
+        listed = self.pids.pids() if self.pids is not None else None
+        if listed is not None:
+            return [str(p) for p in sorted(set(listed))]
+        try:
+            return [e for e in os.listdir(self.proc_root) if e.isdigit()]
+        except OSError:
+            return []
+
     def utilization(self) -> dict[DeviceID, float | None]:
         result: dict[DeviceID, float | None] = {}
         held = self._last_pids or self.processes()
@@ -143,4 +186,4 @@ class DeviceNodeBackend:
         return None
 
 
-__all__ = ["DeviceNode", "DeviceNodeBackend"]
+__all__ = ["CgroupPids", "DeviceNode", "DeviceNodeBackend"]

@@ -22,6 +22,7 @@ inodes with the container's init process, which :class:`ProcessAttributor` does.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -63,8 +64,10 @@ def _container_id(component: str) -> str | None:
     return name if _HEX64.fullmatch(name) else None
 
 
+@functools.lru_cache(maxsize=4096)
 def identity_of_path(path: str) -> CgroupIdentity:
-    """Interpret one cgroup path (any driver, any runtime, with or without ``../`` prefixes)."""
+    """Interpret one cgroup path (any driver, any runtime, with or without ``../`` prefixes).
+    Pure: cached (a detection cycle sees the same containers' paths every round)."""
     parts = [p for p in path.split("/") if p and p not in ("..", ".")]
     pod_uid = None
     for part in parts:
@@ -86,22 +89,25 @@ def parse_cgroup(text: str) -> CgroupIdentity | None:
     if not lines:
         return None
     order = ["", *_V1_PREFERENCE, *sorted(k for k in lines if k and k not in _V1_PREFERENCE)]
-    identities = [identity_of_path(lines[k]) for k in order if k in lines]
-    for identity in identities:
+    first: CgroupIdentity | None = None
+    pod: CgroupIdentity | None = None
+    for key in order:  # interpreted one at a time: a container's first preferred line names it
+        if key not in lines:
+            continue
+        identity = identity_of_path(lines[key])
         if identity.container_id is not None:
             return identity
-    for identity in identities:
-        if identity.pod_uid is not None:
-            return identity
-    return identities[0]
+        first = first or identity
+        if pod is None and identity.pod_uid is not None:
+            pod = identity
+    return pod or first
 
 
 def read_cgroup(pid: int, proc_root: Path = Path("/proc")) -> CgroupIdentity | None:
     """Read and parse ``<proc_root>/<pid>/cgroup``; ``None`` when the process is gone."""
     try:
-        text = (proc_root / str(pid) / "cgroup").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
+        with open(f"{proc_root}/{pid}/cgroup") as file:  # (no pathlib: once per GPU process per cycle)
+            text = file.read()
     except OSError:
         return None
     return parse_cgroup(text)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from spotgpu.adapters.agent_metrics import AgentMetrics
 from spotgpu.adapters.agent_state import LendStateFile
 from spotgpu.adapters.containerd import ContainerdTasks
-from spotgpu.adapters.devnode_gpu import DeviceNode, DeviceNodeBackend
+from spotgpu.adapters.devnode_gpu import CgroupPids, DeviceNode, DeviceNodeBackend
 from spotgpu.adapters.holderscan import DeviceFile, HolderScanner, ReleaseChecker, device_file, hierarchy
 from spotgpu.adapters.kubelet import PodResourcesView
 from spotgpu.agent.service import Agent, RuntimeServiceFactory, TwinHostFactory
@@ -43,7 +43,8 @@ def make_backend(config: AgentConfig) -> GpuBackend:
             DeviceNode(DeviceID(n.id), str(n.path), n.index, n.numa_node, n.container_paths)
             for n in config.device_nodes
         ]
-        return DeviceNodeBackend(nodes, utilization_dir=config.utilization_dir)
+        pids = CgroupPids(config.eviction.release_check.cgroup_roots)  # the pods' processes only
+        return DeviceNodeBackend(nodes, utilization_dir=config.utilization_dir, pids=pids)
     from spotgpu.adapters.nvml import NvmlBackend
 
     return NvmlBackend()

@@ -108,6 +108,48 @@ def background_load(n: int) -> Iterator[list[int]]:
         _kill_all(procs)
 
 
+HOST_FILES = ("/etc/hostname", "/etc/passwd", "/etc/hosts", "/proc/self/stat")
+"""What every other host process holds open (besides its standard streams)."""
+
+
+@contextlib.contextmanager
+def host_processes(n: int, sleeper: str = "/bin/busybox") -> Iterator[list[int]]:
+    """``n`` idle processes that have nothing to do with the node (a crowded host: daemons,
+    shells, monitoring): every other one holds :data:`HOST_FILES` open as well. Yields their
+    PIDs once all started; on exit each is SIGKILLed and reaped."""
+    if n < 0:
+        raise ValueError(f"host processes must be >= 0, not {n}")
+    opens = " ".join(f"{3 + i}<{path}" for i, path in enumerate(HOST_FILES))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for i in range(n):
+            script = f"exec {opens} {sleeper} sleep 1000000" if i % 2 else f"exec {sleeper} sleep 1000000"
+            procs.append(
+                subprocess.Popen(
+                    [sleeper, "sh", "-c", script],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
+        deadline = time.monotonic() + _START_TIMEOUT
+        for proc in procs:  # started once each sh has exec'd its sleep (its fds stay open)
+            while proc.poll() is None and _argv1(proc.pid) != "sleep" and time.monotonic() < deadline:
+                time.sleep(0.005)
+        yield [p.pid for p in procs]
+    finally:
+        _kill_all(procs)
+
+
+def _argv1(pid: int) -> str | None:
+    """The first argument of our own child ``pid`` (``sleep`` once its ``sh`` exec'd it)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return argv[1].decode() if len(argv) > 1 else None
+
+
 def _ready(proc: subprocess.Popen[bytes], deadline: float) -> bool:
     """Wait for the process's one-byte "spinning" signal."""
     import select
@@ -277,6 +319,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, several: bool = False) -> 
 
 
 __all__ = [
+    "HOST_FILES",
+    "host_processes",
     "LoadAverage",
     "add_arguments",
     "background_load",

@@ -62,6 +62,11 @@ COMMANDS: dict[str, Command] = {
         "run the full lend/return cycle on this machine (root)",
         needs=("spotgpu.e2e", "spotgpu.bench", "spotgpu.testing"),
     ),
+    "soak": Command(
+        "spotgpu.cli.soak",
+        "lend/return cycles with seeded random faults and the node's invariants after each (root)",
+        needs=("spotgpu.e2e", "spotgpu.bench", "spotgpu.testing"),
+    ),
     "guard-holder": Command("spotgpu.cli.guard_holder", "run the guard's notify-fd holder process"),
 }
 

@@ -20,6 +20,7 @@ from types import FrameType
 
 from spotgpu.core.config import GuardConfig
 from spotgpu.core.configfile import ConfigError, load_yaml_file
+from spotgpu.guard.gate import ReleaseGate
 
 log = logging.getLogger("spotgpu.guard.holder")
 
@@ -49,6 +50,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "exit: for a readiness probe (`cat FILE`); put it on the container's own filesystem, not the hostPath",
     )
     parser.add_argument(
+        "--cgroup-root",
+        action="append",
+        dest="cgroup_roots",
+        help="pod cgroup root walked by the release check before this holder releases an owner's call itself "
+        "(repeatable; default the config's agent.eviction.releaseCheck.cgroupRoots, else kubepods.slice and kubepods)",
+    )
+    parser.add_argument(
+        "--no-release-check",
+        action="store_true",
+        help="release owner calls without first killing other pods' holders of the owner's GPUs (earlier behaviour)",
+    )
+    parser.add_argument(
         "--no-inherit",
         action="store_true",
         help="do not take over from a holder already running on the control socket (it keeps its fds)",
@@ -72,6 +85,20 @@ def _config(args: argparse.Namespace) -> GuardConfig:
     )
 
 
+def _gate(args: argparse.Namespace) -> ReleaseGate | None:
+    """The release check the holder runs before it releases an owner's call by itself."""
+    if args.no_release_check:
+        return None
+    from spotgpu.adapters.holderscan import HolderScanner
+    from spotgpu.adapters.ownerclear import OwnerClearer
+    from spotgpu.core.config import AgentConfig, ReleaseCheckConfig
+
+    roots = ReleaseCheckConfig().cgroup_roots
+    if args.config is not None:
+        roots = load_yaml_file(args.config, AgentConfig, section="agent").eviction.release_check.cgroup_roots
+    return OwnerClearer(HolderScanner(args.cgroup_roots or roots))
+
+
 def _raise_fd_limit() -> None:
     """One fd per owner container plus one per live ``runc exec``: lift the soft limit to the hard one."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -85,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = _config(args)
+        gate = _gate(args)
     except ConfigError as exc:
         log.error("%s", exc)
         return 2
@@ -98,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         handover_timeout=config.handover_timeout,
         inherit=not args.no_inherit,
         ready_file=args.ready_file,
+        gate=gate,
     )
     asked = 0
 

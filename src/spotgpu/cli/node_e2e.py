@@ -24,9 +24,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotgpu.bench import env
+
+if TYPE_CHECKING:
+    from spotgpu.e2e.model import Launcher, NodeSettings
+    from spotgpu.e2e.node import Node
 
 NEEDED = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "gcc")
 
@@ -69,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     env.add_arguments(parser)
 
 
-def _check_machine() -> str | None:
+def check_machine() -> str | None:
     if os.geteuid() != 0:
         return "needs root (containers, device nodes, seccomp, cgroups)"
     missing = [tool for tool in NEEDED if shutil.which(tool) is None]
@@ -95,7 +99,7 @@ def _invalid(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    problem = _check_machine()
+    problem = check_machine()
     if problem:
         print(f"spotgpu node-e2e: {problem}", file=sys.stderr)
         return 2
@@ -104,26 +108,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"spotgpu node-e2e: {invalid}", file=sys.stderr)
         return 2
     from spotgpu.e2e.faults import run_faults
-    from spotgpu.e2e.node import Node, NodeSettings
     from spotgpu.e2e.run import Run, run_cycles, summarize, targets
 
-    logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per API request
-    settings = NodeSettings(
-        gpus=args.gpus,
-        spot_containers=args.spot_containers,
-        detect_interval=args.detect_interval,
-        max_inactive_time=args.max_inactive,
-        fail_open_timeout=args.fail_open,
-        launcher=args.launcher,
-        containerd=args.containerd,
-        mode=args.mode,
-    )
-
-    def say(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
-    base = Path(tempfile.mkdtemp(prefix="sg-e2e-", dir="/tmp"))  # short: unix socket paths
-    node = Node(base, settings)
+    settings = node_settings(args, gpus=args.gpus, launcher=args.launcher)
+    base, node = new_node(settings, "sg-e2e-")
     began = time.monotonic()
     load_before = env.load_average()
     result: dict[str, Any]
@@ -173,6 +161,36 @@ def run(args: argparse.Namespace) -> int:
         args.out.write_text(text + "\n")
     print(json.dumps(result, sort_keys=True) if args.json else text)
     return 0 if ok else 1
+
+
+def node_settings(args: argparse.Namespace, *, gpus: int, launcher: Launcher = "cri") -> NodeSettings:
+    """The node of the options shared with ``spotgpu soak`` (spot containers, timings, containerd, mode)."""
+    from spotgpu.e2e.model import NodeSettings
+
+    return NodeSettings(
+        gpus=gpus,
+        spot_containers=args.spot_containers,
+        detect_interval=args.detect_interval,
+        max_inactive_time=args.max_inactive,
+        fail_open_timeout=args.fail_open,
+        launcher=launcher,
+        containerd=args.containerd,
+        mode=args.mode,
+    )
+
+
+def new_node(settings: NodeSettings, prefix: str) -> tuple[Path, Node]:
+    """A node (not started) in a new private directory under ``/tmp`` (short: unix socket paths)."""
+    from spotgpu.e2e.node import Node
+
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # one line per API request
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    return base, Node(base, settings)
+
+
+def say(line: str) -> None:
+    """A progress line on stderr."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def _containerd_binaries(args: argparse.Namespace) -> list[Path]:

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from spotgpu.core.ids import NVIDIA_GPU_RESOURCE, SPOT_GPU_RESOURCE
 from spotgpu.core.refs import ContainerRef
@@ -30,6 +32,11 @@ from spotgpu.testing.cri import ContainerSpec, CriError, KubeletCri, PodSpec, Ru
 from spotgpu.testing.cri_containerd import CriContainerd, CriSettings, binaries
 from spotgpu.testing.cri_rig import HANDLER, snippets
 from spotgpu.testing.images import busybox_image, pause_image
+
+log = logging.getLogger(__name__)
+
+DELETE_ATTEMPTS: Final = 5
+"""Tries of a pod's deletion before the harness gives up on it (its processes then leak)."""
 
 if TYPE_CHECKING:
     from spotgpu.e2e.node import Node
@@ -120,11 +127,21 @@ class CriLauncher:
             at = self.cri.status(cid).status.finished_at
             finished = at / 1e9 if at > 0 else None
         if pod is not None:
+            self._delete(pod)
+        return finished
+
+    def _delete(self, pod: RunningPod) -> None:
+        """Delete the pod as the kubelet does: it keeps trying (a sandbox whose stop failed once,
+        say while its container's exit was still being handled, is stopped on the next try)."""
+        assert self.cri is not None
+        for attempt in range(DELETE_ATTEMPTS):
             try:
                 self.cri.delete_pod(pod)
-            except CriError:
-                self.cri.release(pod)
-        return finished
+                return
+            except CriError as exc:
+                log.warning("deleting pod %s/%s failed (try %d): %s", pod.spec.namespace, pod.spec.name, attempt, exc)
+                time.sleep(0.2 * (attempt + 1))
+        self.cri.release(pod)
 
     def close(self) -> None:
         if self.cri is not None:

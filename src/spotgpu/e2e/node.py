@@ -133,7 +133,8 @@ class Node:
             "guard-holder",
             [sys.executable, "-m", "spotgpu", "--log-level", "INFO", "guard-holder",
              "--listener", str(self.listener), "--control", str(self.paths.run / "holder.sock"),
-             "--guard-timeout", str(settings.holder_timeout), "--runtime", "runc"],
+             "--guard-timeout", str(settings.holder_timeout), "--runtime", "runc",
+             "--cgroup-root", self.cgroup_root],
             self.paths.logs / "guard-holder.log",
         )  # fmt: skip
         self.shim: Path | None = None

@@ -37,7 +37,7 @@ import errno
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -189,16 +189,20 @@ class Run:
         )
         return time.monotonic() - idle_at
 
-    def start_spots(self, count: int | None = None, first: int = 0) -> list[Spot]:
+    def start_spots(self, count: int | None = None, first: int = 0, args: Sequence[str] | None = None) -> list[Spot]:
+        """Start the spot pods and wait until each has its synced GPU open: its init by default;
+        with ``args`` (a spot that forks, execs, keeps the device in a child) any of its processes."""
         spots = []
         for index in range(first, first + (self.settings.spot_containers if count is None else count)):
             self._spot_seq += 1
-            spots.append(self.node.start_spot(f"spot-{self._spot_seq}", index))
+            spots.append(self.node.start_spot(f"spot-{self._spot_seq}", index, args=args))
         deadline = time.monotonic() + 15
         for spot in spots:
             while True:
                 spot.pid = self.node.init_pid(spot.cid)
                 if spot.pid is not None and gpu_fds(spot.pid, [gpu_path(spot.gpu)]):
+                    break
+                if spot.pid is not None and args is not None and self.gpu_holders([spot]):
                     break
                 if time.monotonic() > deadline:
                     raise RuntimeError(
@@ -312,9 +316,10 @@ class Run:
         return lags, problems
 
     # -- one cycle ----------------------------------------------------------------------------------
-    def cycle(self, number: int) -> CycleRecord:
+    def cycle(self, number: int, spot_args: Sequence[str] | None = None) -> CycleRecord:
+        """One lend/return cycle (module docstring); ``spot_args``: what the spot containers run."""
         lend_s = self.lend()
-        spots = self.start_spots()
+        spots = self.start_spots(args=spot_args)
         release = self.owner_session()
         leaked, problems = self.release_checks(spots, release)
         _, exits = self.late_exits(spots, release)

@@ -47,6 +47,7 @@ from spotgpu.core.clock import Clock, SystemClock
 from spotgpu.guard import handover, kick, ledger, protocol, seccomp, succession
 from spotgpu.guard.endpoints import Endpoints, bind_unix, peer_uid, unlink_if_ours
 from spotgpu.guard.fdtable import HeldFd, NotifyFds
+from spotgpu.guard.gate import ReleaseGate
 from spotgpu.guard.guardlink import GuardConn, GuardLink, receive
 from spotgpu.guard.ledger import LedgerEntry
 from spotgpu.guard.listener import NotifyFdInfo, resolve_owner
@@ -104,11 +105,15 @@ class FdHolder:
         ready_file: Path | None = None,
         ledger_path: Path | None = None,
         clock: Clock | None = None,
+        gate: ReleaseGate | None = None,
     ) -> None:
         if guard_timeout <= 0 or handover_timeout <= 0:
             raise ValueError("guard_timeout and handover_timeout must be > 0")
         self.settings = HolderSettings(guard_timeout, handover_timeout, match, inherit, ready_file)
         self.support = support
+        self.gate = gate
+        """Clears an owner's GPUs of other pods' holders before this holder lets its call go
+        on (:mod:`spotgpu.guard.gate`); None: released at once (no process walk)."""
         self.clock: Clock = SystemClock() if clock is None else clock
         self.loop = EventLoop("guard holder")
         self._stop = threading.Event()
@@ -303,6 +308,8 @@ class FdHolder:
         if mask & select.EPOLLIN and self._answering:
             try:
                 notification = seccomp.recv(fd)
+                if notification is not None:
+                    self._clear_for(notification.pid)
                 if notification is not None and seccomp.send_continue(fd, notification.id):
                     self.continued += 1
             except seccomp.SeccompError as exc:
@@ -394,7 +401,12 @@ class FdHolder:
         calls stranded in a notification nobody will answer, then answer everything."""
         started = self.clock.monotonic()
         released = 0
-        for key, nid in self.link.take_holds():
+        holds = self.link.take_holds()
+        for key in sorted({key for key, _ in holds}):
+            held = self.fds.get(key)
+            if held is not None:
+                self._clear_for(_alive_pid(held.info.pid, held.info.init_pid))
+        for key, nid in holds:
             held = self.fds.get(key)
             try:
                 if held is not None and seccomp.send_continue(held.fd, nid):
@@ -413,6 +425,13 @@ class FdHolder:
             f", FAILED to restart {report.failed}" if report.failed else "",
             (self.clock.monotonic() - started) * 1e3,
         )
+
+    def _clear_for(self, pid: int | None) -> None:
+        """The release check before this holder lets a call of ``pid``'s container go on."""
+        if self.gate is None or pid is None:
+            return
+        line = self.gate.clear(pid)
+        log.warning("guard holder: releasing a call of pid %d without a guard: %s", pid, line)
 
     def _pid_namespaces(self) -> set[str]:
         namespaces = set()
@@ -490,6 +509,14 @@ class FdHolder:
             )
         else:
             log.info("guard holder: exiting (%s)", reason.value)
+
+
+def _alive_pid(*pids: int) -> int | None:
+    """The first of ``pids`` that names a running process (the container's caller or its init)."""
+    for pid in pids:
+        if pid > 0 and os.path.exists(f"/proc/{pid}"):
+            return pid
+    return None
 
 
 __all__ = [

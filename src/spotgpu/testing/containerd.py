@@ -175,6 +175,11 @@ class Containerd:
         self.stop()
         raise TemporaryError(f"containerd did not come up within {timeout}s: {self.log_tail()}")
 
+    @property
+    def pid(self) -> int | None:
+        """The daemon's PID while it runs (None when stopped or paused)."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
     def stop(self) -> None:
         """Kill every task we created, stop containerd, and reap the shims it left behind."""
         if self._proc is not None and self._proc.poll() is None:
